@@ -1,0 +1,308 @@
+"""Budget-optimal candidate trees over one-pass drafter marginals (paper §3.2, App. C).
+
+Terminology:
+- pending root `b`: the token committed last round, not yet run through the target;
+  pack index 0.
+- node: a nonempty candidate string `y_1:d` after the root; stored as (token, depth,
+  parent, score) with its parent stored before it. Pack index of node i is i + 1.
+- rank cap K: only the top-K tokens of each position's marginal `q_j` are retained.
+- budget N: the number of nonroot nodes; the verify pass packs N + 1 tokens.
+- path score: `log π̂(y_1:d) = Σ_j log q_j(y_j)` (eq. 1), from the ORIGINAL marginals.
+
+Theorem 1: the N strings of largest π̂ in the retained universe (ties toward shorter
+prefixes, then lexicographic in rank) form a prefix-closed set and maximize the expected
+accepted length Σ_v π̂(v). `build_tree` returns exactly that set, in best-first order.
+
+The search is level-synchronous and vectorized: level d+1 expands every kept level-d
+node by its K children at once and drops every child whose score is below the running
+lower bound τ on the final N-th best score (the N-th best found so far). Ties at τ are
+kept, so the final exact sort sees every candidate of the true top-N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ROOT = -1  # parent value of a depth-1 node: its parent is the pending root
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """A prefix-closed candidate tree; node i sits at pack index i + 1."""
+
+    tokens: np.ndarray  # [N] int64 token id of each nonroot node
+    depth: np.ndarray  # [N] int32, 1..L
+    parent: np.ndarray  # [N] int32 node index of the parent, ROOT (-1) for depth 1
+    score: np.ndarray  # [N] float64 log path mass
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not (len(self.depth) == len(self.parent) == len(self.score) == n):
+            raise ValueError("Tree arrays tokens/depth/parent/score must have equal length")
+        idx = np.arange(n)
+        if np.any(self.parent >= idx) or np.any(self.parent < ROOT):
+            raise ValueError("Tree.parent must point to an earlier node or -1 (pending root)")
+        parent_depth = np.where(self.parent == ROOT, 0, self.depth[np.maximum(self.parent, 0)])
+        if np.any(self.depth != parent_depth + 1):
+            raise ValueError("Tree.depth must be its parent's depth + 1 (depth-1 nodes hang off the root)")
+
+    @staticmethod
+    def empty() -> "Tree":
+        """The root-only tree: one autoregressive step."""
+        return Tree(
+            tokens=np.zeros(0, np.int64),
+            depth=np.zeros(0, np.int32),
+            parent=np.zeros(0, np.int32),
+            score=np.zeros(0, np.float64),
+        )
+
+    @property
+    def size(self) -> int:
+        """Budget N: number of nonroot nodes."""
+        return len(self.tokens)
+
+    @property
+    def num_packed(self) -> int:
+        """Packed tokens n = N + 1 (the pending root included)."""
+        return len(self.tokens) + 1
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max()) if self.size else 0
+
+    @property
+    def pack_parent(self) -> np.ndarray:
+        """[n] int32 pack index of each packed token's parent; -1 for the root."""
+        return np.concatenate([[-1], self.parent + 1]).astype(np.int32)
+
+    @property
+    def pack_depth(self) -> np.ndarray:
+        """[n] int32 depth of each packed token; 0 for the root."""
+        return np.concatenate([[0], self.depth]).astype(np.int32)
+
+    def children(self, pack_index: int) -> np.ndarray:
+        """Pack indices of the children of packed token `pack_index`."""
+        return np.flatnonzero(self.parent == pack_index - 1) + 1
+
+    def path_to(self, pack_index: int) -> np.ndarray:
+        """Pack indices from the root (excluded) down to `pack_index` (included)."""
+        path = []
+        node = pack_index - 1
+        while node != ROOT:
+            path.append(node + 1)
+            node = int(self.parent[node])
+        return np.array(path[::-1], dtype=np.int64)
+
+
+def topk_per_position(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k token ids and log-probabilities of each position's marginal.
+
+    logits: [L, V] drafter logits for future positions 1..L, on any device.
+    Returns ids [L, K] int64 and logprobs [L, K] float32 on the same device, sorted
+    descending. Uses topk (no full-vocab sort); only the [L, K] result may later be
+    copied to the host.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [L, V], got shape {tuple(logits.shape)}")
+    if not 1 <= k <= logits.shape[1]:
+        raise ValueError(f"rank cap k={k} must be in [1, vocab={logits.shape[1]}]")
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = torch.topk(logprobs, k, dim=-1, sorted=True)
+    return ids, values
+
+
+def _check_topk(topk_ids: np.ndarray, topk_logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(topk_ids)
+    lp = np.asarray(topk_logprobs, dtype=np.float64)
+    if ids.ndim != 2 or ids.shape != lp.shape:
+        raise ValueError(
+            f"topk_ids and topk_logprobs must both be [L, K]; got {ids.shape} and {lp.shape}"
+        )
+    if np.any(lp > 1e-6) or np.any(np.isnan(lp)):
+        raise ValueError("topk_logprobs must be log-probabilities (<= 0, no NaN)")
+    if np.any(np.diff(lp, axis=1) > 1e-12):
+        raise ValueError("topk_logprobs must be sorted descending within each position")
+    return ids.astype(np.int64), np.minimum(lp, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """Every candidate that may belong to the top set, sorted in Theorem 1 order
+    (score desc, depth asc, request asc, rank path asc)."""
+
+    request: np.ndarray  # [M] int64 request of each candidate
+    depth: np.ndarray  # [M] int32
+    rank: np.ndarray  # [M] int64 rank of the node's token within its position's top-K
+    parent: np.ndarray  # [M] int64 position (in this pool) of the parent, -1 at depth 1
+    score: np.ndarray  # [M] float64
+
+
+def _kth_best_per_request(req: np.ndarray, score: np.ndarray, B: int, k: int) -> np.ndarray:
+    """[B] k-th largest score of each request (-inf where it has fewer than k)."""
+    order = np.lexsort((-score, req))
+    counts = np.bincount(req, minlength=B)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    tau = np.full(B, -np.inf)
+    has = counts >= k
+    tau[has] = score[order[starts[has] + k - 1]]
+    return tau
+
+
+def _threshold(req: np.ndarray, score: np.ndarray, B: int, keep: int, per_request: bool) -> np.ndarray:
+    """[B] lower bound τ on the keep-th best score (per request or over the union)."""
+    if per_request:
+        return _kth_best_per_request(req, score, B, keep)
+    if len(score) < keep:
+        return np.full(B, -np.inf)
+    return np.full(B, -np.partition(-score, keep - 1)[keep - 1])
+
+
+def _best_first_pool(lp: np.ndarray, keep: int, per_request: bool) -> _Pool:
+    """Candidates of the top-`keep` set of the disjoint union of B universes.
+
+    lp: [B, L, K] sorted log-probabilities. With `per_request`, `keep` applies to each
+    request's own universe (used with a per-request cap); otherwise to the union
+    (Proposition 2). A child is dropped only when its score is below the running
+    lower bound τ on the keep-th best score, so no member of the top set is lost.
+    """
+    B, L, K = lp.shape
+    req = np.repeat(np.arange(B), K)
+    score = lp[:, 0, :].reshape(-1)
+    levels = [(req, score, np.tile(np.arange(K), B), np.full(B * K, -1))]
+    best_req, best_score = req, score  # candidates still able to raise τ
+    tau = _threshold(best_req, best_score, B, keep, per_request)
+    offset = 0
+    for d in range(1, L):
+        req, score, lex, _ = levels[-1]
+        tau_node = tau[req]
+        lp_d = lp[req, d, :]  # [M, K] child log-probs of every level-d node
+        alive = np.flatnonzero(score + lp_d[:, 0] >= tau_node)  # has a surviving child
+        if len(alive) == 0:
+            break
+        child = score[alive, None] + lp_d[alive]  # [M', K]
+        rows, cols = np.nonzero(child >= tau_node[alive, None])
+        node = alive[rows]
+        new_req, new_score = req[node], child[rows, cols]
+        levels.append((new_req, new_score, lex[node] * K + cols, offset + node))
+        offset += len(score)
+        if len(best_score) + len(new_score) >= keep:  # τ can only rise; refresh it
+            stay = best_score >= tau[best_req]
+            best_req = np.concatenate([best_req[stay], new_req])
+            best_score = np.concatenate([best_score[stay], new_score])
+            tau = _threshold(best_req, best_score, B, keep, per_request)
+        else:
+            best_req = np.concatenate([best_req, new_req])
+            best_score = np.concatenate([best_score, new_score])
+    req, score, lex, parent = (np.concatenate(col) for col in zip(*levels))
+    depth = np.concatenate([np.full(len(lv[1]), i + 1, np.int32) for i, lv in enumerate(levels)])
+    # only candidates at or above the final τ can be chosen; zero-mass strings never are
+    cand = np.flatnonzero((score >= tau[req]) & np.isfinite(score))
+    order = cand[np.lexsort((lex[cand], req[cand], depth[cand], -score[cand]))]
+    position = np.full(len(score), -1)
+    position[order] = np.arange(len(order))
+    parent = np.where(parent[order] >= 0, position[np.maximum(parent[order], 0)], -1)
+    return _Pool(req[order], depth[order], lex[order] % K, parent, score[order])
+
+
+def _trees_from_selection(ids: np.ndarray, pool: _Pool, chosen: np.ndarray) -> list[Tree]:
+    """Split the selected pool positions per request; parents become node indices.
+
+    ids: [B, L, K]; chosen: increasing pool positions, prefix-closed per request.
+    """
+    local = np.full(len(pool.score), ROOT, np.int64)
+    trees = []
+    for r in range(ids.shape[0]):
+        sel = chosen[pool.request[chosen] == r]
+        local[sel] = np.arange(len(sel))
+        par = pool.parent[sel]
+        parent = np.where(par >= 0, local[np.maximum(par, 0)], ROOT).astype(np.int32)
+        depth = pool.depth[sel]
+        tokens = ids[r, depth - 1, pool.rank[sel]]
+        trees.append(Tree(tokens.astype(np.int64), depth, parent, pool.score[sel]))
+    return trees
+
+
+def build_tree(topk_ids: np.ndarray, topk_logprobs: np.ndarray, budget: int) -> Tree:
+    """The exact top-`budget` prefix-closed tree by path product (Theorem 1).
+
+    topk_ids, topk_logprobs: [L, K] from `topk_per_position` (host arrays), sorted
+    descending per position. Children of a depth-d prefix come from position d+1.
+    Nodes of zero drafter mass (logprob -inf) are never proposed, so a universe with
+    fewer positive-mass strings than `budget` yields a smaller tree.
+    """
+    ids, lp = _check_topk(topk_ids, topk_logprobs)
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    if budget == 0:
+        return Tree.empty()
+    pool = _best_first_pool(lp[None], budget, per_request=False)
+    chosen = np.arange(min(budget, len(pool.score)))
+    return _trees_from_selection(ids[None], pool, chosen)[0]
+
+
+def build_chain(topk_ids: np.ndarray, topk_logprobs: np.ndarray, length: int | None = None) -> Tree:
+    """Standard DFlash verification: the top-1 token at each of the first `length` positions."""
+    ids, lp = _check_topk(topk_ids, topk_logprobs)
+    L = ids.shape[0] if length is None else length
+    if not 0 <= L <= ids.shape[0]:
+        raise ValueError(f"chain length {L} must be in [0, block positions {ids.shape[0]}]")
+    return Tree(
+        tokens=ids[:L, 0].copy(),
+        depth=np.arange(1, L + 1, dtype=np.int32),
+        parent=np.arange(-1, L - 1, dtype=np.int32),
+        score=np.cumsum(lp[:L, 0]),
+    )
+
+
+def sorted_prefix_masses(topk_logprobs: np.ndarray, limit: int) -> np.ndarray:
+    """Order statistics ρ_(1..limit) of the plug-in prefix masses, descending.
+
+    These are the increments of g(N) used by the width rules (Theorem 2).
+    """
+    lp = np.asarray(topk_logprobs, dtype=np.float64)
+    if limit <= 0:
+        return np.zeros(0)
+    pool = _best_first_pool(np.minimum(lp, 0.0)[None], limit, per_request=False)
+    return np.exp(pool.score[:limit])
+
+
+def allocate_shared_budget(
+    per_request: list[tuple[np.ndarray, np.ndarray]], total: int, cap: int | None = None
+) -> list[Tree]:
+    """Split one verify budget across B requests by global best-first mass (Proposition 2).
+
+    per_request: B pairs (topk_ids [L, K], topk_logprobs [L, K]), equal L and K.
+    total: shared budget M (nonroot nodes over all requests).
+    cap: optional per-request maximum width; each request then keeps the best
+    min(cap, ...) of its own candidates, and the rest of the budget goes on down the
+    global order. Every returned tree is prefix-closed.
+    """
+    if not per_request:
+        raise ValueError("allocate_shared_budget needs at least one request")
+    if total < 0 or (cap is not None and cap < 0):
+        raise ValueError(f"total ({total}) and cap ({cap}) must be >= 0")
+    checked = [_check_topk(i, l) for i, l in per_request]
+    shapes = {c[0].shape for c in checked}
+    if len(shapes) != 1:
+        raise ValueError(f"every request needs the same [L, K] top-k shape; got {sorted(shapes)}")
+    ids = np.stack([c[0] for c in checked])
+    lp = np.stack([c[1] for c in checked])
+    B = len(checked)
+    if total == 0 or cap == 0:
+        return [Tree.empty() for _ in range(B)]
+    if cap is None:
+        pool = _best_first_pool(lp, total, per_request=False)
+        chosen = np.arange(min(total, len(pool.score)))
+    else:
+        pool = _best_first_pool(lp, min(total, cap), per_request=True)
+        # rank of each candidate within its own request's best-first order
+        by_req = np.argsort(pool.request, kind="stable")
+        counts = np.bincount(pool.request, minlength=B)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rank = np.empty(len(by_req), np.int64)
+        rank[by_req] = np.arange(len(by_req)) - np.repeat(starts, counts)
+        chosen = np.flatnonzero(rank < cap)[:total]
+    return _trees_from_selection(ids, pool, chosen)

@@ -1,0 +1,188 @@
+"""Triton forward kernel of the tree-attention op (contract in `contract.py`).
+
+Grid: (num_query_tiles, Hq). Query tiles never cross requests: request r owns
+ceil(n_r / BLOCK_M) consecutive tiles, and each program finds its (request, tile) by a
+scan over cu_seqlens, so the grid needs only the host-known bound
+cdiv(T, BLOCK_M) + B (no host sync, and expressible from shapes inside TensorRT).
+Each program streams the request's prefix K/V (no mask) and then its pack K/V (mask
+bits read straight from the bitmask words, no dense n x (P+n) tensor), with an online
+softmax in fp32.
+
+Argument order is the TensorRT AOT calling convention: input pointers (in plugin input
+order), then runtime int scalars, then the output pointer; everything after OUT is
+folded into the binary by `aot.py` (softmax scale and the strides of contiguous inputs).
+
+`import triton` is optional: without it this module still imports and
+`tree_attention_triton` raises a RuntimeError saying what is missing.
+"""
+from __future__ import annotations
+
+import torch
+
+from plugins.tree_attention.contract import check_inputs, resolve_scale
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as exc:  # triton is optional on CPU-only machines
+    triton = None
+    _TRITON_IMPORT_ERROR: ImportError | None = exc
+else:
+    _TRITON_IMPORT_ERROR = None
+
+def triton_available() -> bool:
+    return _TRITON_IMPORT_ERROR is None
+
+
+def require_triton() -> None:
+    if _TRITON_IMPORT_ERROR is not None:
+        raise RuntimeError(
+            "the Triton tree-attention backend needs the `triton` package "
+            f"(pip install 'triton>=3.2'); import failed with: {_TRITON_IMPORT_ERROR}"
+        )
+
+
+if triton is not None:
+
+    @triton.jit
+    def tree_attention_fwd_kernel(
+        Q, K_PREFIX, V_PREFIX, K_PACK, V_PACK, BITMASK, CU_SEQLENS, CU_PREFIX,
+        num_requests,
+        OUT,
+        sm_scale,
+        stride_qt, stride_qh, stride_kpt, stride_kph, stride_vpt, stride_vph,
+        stride_kt, stride_kh, stride_vt, stride_vh, stride_mt, stride_ot, stride_oh,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):
+        tile = tl.program_id(0)
+        head = tl.program_id(1)
+        kv_head = head // GROUP
+
+        # Find the request owning this tile: request r holds tiles [first_r, first_r + ceil(n_r/BLOCK_M)).
+        req = 0
+        local_tile = 0
+        tiles_before = 0
+        for r in range(0, num_requests):
+            n_r = tl.load(CU_SEQLENS + r + 1) - tl.load(CU_SEQLENS + r)
+            tiles_r = (n_r + BLOCK_M - 1) // BLOCK_M
+            hit = (tile >= tiles_before) & (tile < tiles_before + tiles_r)
+            req = tl.where(hit, r, req)
+            local_tile = tl.where(hit, tile - tiles_before, local_tile)
+            tiles_before += tiles_r
+        if tile >= tiles_before:  # spare program of the shape-derived grid bound
+            return
+
+        q_start = tl.load(CU_SEQLENS + req)
+        n_pack = tl.load(CU_SEQLENS + req + 1) - q_start
+        p_start = tl.load(CU_PREFIX + req)
+        n_prefix = tl.load(CU_PREFIX + req + 1) - p_start
+
+        offs_m = local_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # request-local query rows
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < n_pack
+        d_ok = offs_d < HEAD_DIM
+        rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(Q + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+        qk_scale = sm_scale * 1.4426950408889634  # exp2-based softmax
+
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha = 1
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        # Prefix: every query of the request sees all of it.
+        for start in range(0, n_prefix, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < n_prefix
+            cols = (p_start + offs_n).to(tl.int64)
+            k = tl.load(K_PREFIX + cols[None, :] * stride_kpt + kv_head * stride_kph + offs_d[:, None],
+                        mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+            v = tl.load(V_PREFIX + cols[:, None] * stride_vpt + kv_head * stride_vph + offs_d[None, :],
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+            s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+            s = tl.where(col_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        # Pack: key k visible to row i iff bit k % 32 of word k // 32 of row i is set.
+        for start in range(0, n_pack, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < n_pack
+            cols = (q_start + offs_n).to(tl.int64)
+            k = tl.load(K_PACK + cols[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                        mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(V_PACK + cols[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            words = tl.load(BITMASK + rows[:, None] * stride_mt + (offs_n // 32)[None, :],
+                            mask=row_ok[:, None] & col_ok[None, :], other=0)  # [BLOCK_M, BLOCK_N] int32
+            visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
+            s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw nothing outputs zeros
+        out = acc / l_safe[:, None]
+        tl.store(OUT + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def block_sizes(total_tokens: int, num_requests: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D) for a batch, chosen from shapes only (no host sync)."""
+    mean_pack = -(-total_tokens // max(num_requests, 1))
+    block_m = 16 if mean_pack <= 16 else 32 if mean_pack <= 32 else 64
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    return block_m, 64, block_d
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs use exact fp32 dots (not tf32) so the kernel meets fp32 tolerance."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def tree_attention_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_prefix: torch.Tensor,  # [S, Hkv, D]
+    v_prefix: torch.Tensor,  # [S, Hkv, D]
+    k_pack: torch.Tensor,  # [T, Hkv, D]
+    v_pack: torch.Tensor,  # [T, Hkv, D]
+    bitmask: torch.Tensor,  # [T, W] int32
+    cu_seqlens: torch.Tensor,  # [B+1] int32
+    cu_prefix: torch.Tensor,  # [B+1] int32
+    scale: float | None = None,
+    check_values: bool = False,
+) -> torch.Tensor:  # [T, Hq, D], dtype of q
+    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+    require_triton()
+    check_inputs(q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, check_values)
+    total, num_q_heads, head_dim = q.shape
+    num_requests = cu_seqlens.shape[0] - 1
+    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_prefix, v_prefix, k_pack, v_pack)]
+    q, k_prefix, v_prefix, k_pack, v_pack = tensors
+    bitmask = bitmask.contiguous()
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if total == 0:
+        return out
+    block_m, block_n, block_d = block_sizes(total, num_requests, head_dim)
+    grid = (triton.cdiv(total, block_m) + num_requests, num_q_heads)
+    tree_attention_fwd_kernel[grid](
+        q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens.contiguous(), cu_prefix.contiguous(),
+        num_requests,
+        out,
+        resolve_scale(scale, head_dim),
+        q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1), v_prefix.stride(0), v_prefix.stride(1),
+        k_pack.stride(0), k_pack.stride(1), v_pack.stride(0), v_pack.stride(1), bitmask.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=num_q_heads // k_pack.shape[1], HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
+    )
+    return out

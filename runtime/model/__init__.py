@@ -1,0 +1,1 @@
+"""Compact torch forwards of the target family and their shared layers."""

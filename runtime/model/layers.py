@@ -1,0 +1,73 @@
+"""Layers shared by the target forward and the DFlash drafter.
+
+Each matches its Hugging Face counterpart operation for operation (RMSNorm upcasts to
+fp32, RoPE angles are computed in fp32 then cast), so fp32 logits agree with the HF
+model to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding from precomputed inverse frequencies.
+
+    `inv_freq` [head_dim/2] already carries any rope scaling (default, llama3, linear…);
+    `attention_scaling` multiplies cos/sin as in HF.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        self.attention_scaling = attention_scaling
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [n] int64. Returns cos, sin: [n, head_dim] in `dtype`."""
+        freqs = positions[:, None].to(torch.float32) * self.inv_freq[None, :]  # [n, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
+
+
+def default_inv_freq(head_dim: int, rope_theta: float) -> torch.Tensor:
+    """[head_dim/2] inverse frequencies of unscaled RoPE."""
+    return 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [heads, n, d]; cos, sin: [n, d]. Rotates the two halves of each head."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)); parameter names follow the HF / DFlash checkpoints."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
