@@ -46,9 +46,11 @@ from cast_trtllm.tree import Tree
 
 RESIDUAL_FLOOR = 1e-12  # residual mass treated as exhausted (see module docstring)
 
-# (candidate tokens [B]) -> (acceptance value pi_rej(x) [B], residual base pi_res_x [B, V])
+# Hooks through which `relaxed` changes the first candidate's test (lossless walk: none).
+# FirstStep: candidate tokens x [B] -> (acceptance value pi_rej(x) [B], residual base [B, V]).
 FirstStep = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-# (pack row, child tokens [C], proposal q~ [C]) -> (mu0 [V] law the residual starts from, FirstStep | None)
+# NodeTargets: (pack row, child tokens [C], proposal q~ [C]) -> (mu0 [V], FirstStep | None),
+# mu0 being the law the residual starts from (and falls back to).
 NodeTargets = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, FirstStep | None]]
 
 
@@ -69,10 +71,11 @@ class Acceptance:
         """[A + 1] int64: accepted tokens followed by the next pending root."""
         return np.append(self.tokens, np.int64(self.next_root))
 
-
-def _acceptance(tree: Tree, last: int, next_root: int) -> Acceptance:
-    path = tree.path_to(last) if last > 0 else np.zeros(0, np.int64)
-    return Acceptance(path=path, tokens=tree.tokens[path - 1], next_root=int(next_root))
+    @staticmethod
+    def from_last(tree: Tree, last: int, next_root: int) -> "Acceptance":
+        """The round that accepted the root-to-`last` path (pack index; 0 = none)."""
+        path = tree.path_to(last) if last > 0 else np.zeros(0, np.int64)
+        return Acceptance(path=path, tokens=tree.tokens[path - 1], next_root=int(next_root))
 
 
 def _children_csr(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +89,9 @@ def _children_csr(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
 def _as_row_tokens(name: str, values: np.ndarray | torch.Tensor, length: int) -> np.ndarray:
     arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
     if arr.shape != (length,) or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be an integer array of shape ({length},), got {arr.dtype} {arr.shape}")
+        raise ValueError(
+            f"{name} must be an integer array of shape ({length},), got {arr.dtype} {arr.shape}"
+        )
     return arr.astype(np.int64)
 
 
@@ -106,7 +111,7 @@ def greedy_walk(tree: Tree, target_argmax: np.ndarray | torch.Tensor) -> Accepta
         children = kids[offsets[row] : offsets[row + 1]]
         match = children[tree.tokens[children - 1] == argmax[row]]
         if len(match) == 0:
-            return _acceptance(tree, row, argmax[row])
+            return Acceptance.from_last(tree, row, argmax[row])
         row = int(match[0])
 
 
@@ -138,7 +143,10 @@ def _proposal(tree: Tree, row: int, children: np.ndarray) -> np.ndarray:
     parent_score = 0.0 if row == 0 else tree.score[row - 1]
     log_q = tree.score[children - 1] - parent_score
     if not np.all(np.isfinite(log_q)):
-        raise ValueError(f"tree scores under pack row {row} are not finite: the proposal must be positive on retained children")
+        raise ValueError(
+            f"tree scores under pack row {row} are not finite: Theorem 3 needs a proposal "
+            "positive on every retained child"
+        )
     q = np.exp(log_q - log_q.max())
     return q / q.sum()
 
@@ -175,12 +183,14 @@ def _resolve_node(
             slot[accept] = cand[accept]
             active &= ~accept
             # residual of the rejected: (base - q~)_+ with q~ on the children still available
-            q_vec = torch.zeros_like(mu).scatter_(1, child_tokens[order[:, s:]], q_sorted[:, s:] / avail[:, s : s + 1])
+            q_avail = q_sorted[:, s:] / avail[:, s : s + 1]  # [B, C - s]
+            q_vec = torch.zeros_like(mu).scatter_(1, child_tokens[order[:, s:]], q_avail)
             resid = (base - q_vec).clamp_(min=0.0)
             mass = resid.sum(1, keepdim=True)
             resid = torch.where(mass > RESIDUAL_FLOOR, resid / mass, mu0.expand(B, -1))
             mu = torch.where(active[:, None], resid, mu)
-    token = torch.where(slot >= 0, child_tokens[slot.clamp(min=0)] if C else slot, sample_from(mu, u[:, -1]))
+    accepted_token = child_tokens[slot.clamp(min=0)] if C else slot
+    token = torch.where(slot >= 0, accepted_token, sample_from(mu, u[:, -1]))
     return slot, token
 
 
@@ -210,7 +220,7 @@ def walk_samples(
             continue
         children = kids[offsets[row] : offsets[row + 1]]
         child_tokens = torch.from_numpy(tree.tokens[children - 1])
-        q = torch.from_numpy(_proposal(tree, row, children)) if len(children) else torch.zeros(0, dtype=torch.float64)
+        q = torch.from_numpy(_proposal(tree, row, children) if len(children) else np.zeros(0))
         mu0, first_step = node_targets(row, child_tokens, q)
         u = torch.rand(len(walks), 2 * len(children) + 1, generator=generator, dtype=torch.float64)
         slot, token = _resolve_node(mu0.to(torch.float64).cpu(), child_tokens, q, u, first_step)
@@ -226,7 +236,8 @@ def walk_samples(
 def _target_rows(target_logits: torch.Tensor, params: SamplingParams, tree: Tree) -> NodeTargets:
     if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_packed:
         raise ValueError(
-            f"target_logits must be [n={tree.num_packed}, V] (one row per packed token), got {tuple(target_logits.shape)}"
+            f"target_logits must be [n={tree.num_packed}, V] (one row per packed token), "
+            f"got {tuple(target_logits.shape)}"
         )
 
     def lossless(row: int, child_tokens: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -249,7 +260,7 @@ def stochastic_walk(
         _target_rows(target_logits, params, tree)  # shape check
         return greedy_walk(tree, target_logits.argmax(dim=1))
     last, next_root = walk_samples(tree, _target_rows(target_logits, params, tree), 1, generator)
-    return _acceptance(tree, int(last[0]), int(next_root[0]))
+    return Acceptance.from_last(tree, int(last[0]), int(next_root[0]))
 
 
 def sample_walks(
