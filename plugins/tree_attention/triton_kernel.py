@@ -136,12 +136,15 @@ if triton is not None:
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def block_sizes(total_tokens: int, num_requests: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D) for a batch, chosen from shapes only (no host sync)."""
+def head_block(head_dim: int) -> int:
+    """BLOCK_D: head_dim rounded up to a power of two (>= 16, the tl.dot minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def query_block(total_tokens: int, num_requests: int) -> int:
+    """BLOCK_M from the mean pack length (shapes only, no host sync)."""
     mean_pack = -(-total_tokens // max(num_requests, 1))
-    block_m = 16 if mean_pack <= 16 else 32 if mean_pack <= 32 else 64
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
-    return block_m, 64, block_d
+    return 16 if mean_pack <= 16 else 32 if mean_pack <= 32 else 64
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -163,6 +166,9 @@ def tree_attention_triton(
 ) -> torch.Tensor:  # [T, Hq, D], dtype of q
     """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
     require_triton()
+    compiled = isinstance(tree_attention_fwd_kernel, triton.runtime.jit.JITFunction)  # vs interpreter
+    if not q.is_cuda and compiled:
+        raise ValueError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before importing triton)")
     check_inputs(q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, check_values)
     total, num_q_heads, head_dim = q.shape
     num_requests = cu_seqlens.shape[0] - 1
@@ -172,7 +178,7 @@ def tree_attention_triton(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if total == 0:
         return out
-    block_m, block_n, block_d = block_sizes(total, num_requests, head_dim)
+    block_m = query_block(total, num_requests)
     grid = (triton.cdiv(total, block_m) + num_requests, num_q_heads)
     tree_attention_fwd_kernel[grid](
         q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens.contiguous(), cu_prefix.contiguous(),
@@ -182,7 +188,7 @@ def tree_attention_triton(
         q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1), v_prefix.stride(0), v_prefix.stride(1),
         k_pack.stride(0), k_pack.stride(1), v_pack.stride(0), v_pack.stride(1), bitmask.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=num_q_heads // k_pack.shape[1], HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
+        GROUP=num_q_heads // k_pack.shape[1], HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
+        BLOCK_M=block_m, BLOCK_N=64, DOT_PRECISION=dot_precision(q.dtype),
     )
     return out
