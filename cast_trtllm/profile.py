@@ -1,0 +1,316 @@
+"""Width profiles: the measured verify-cost table of one deployment, as versioned JSON.
+
+A profile belongs to one GPU SKU x target x dtype. `latency_ms[prefix][batch][i]` is the
+median verify-forward latency of `batch` requests over a `prefix`-token KV cache, each
+packing `packed_counts[i]` tokens (pending root + tree nodes). Derived fields (affine fit
+per row over `fit_range`, detected cliffs, chosen buckets) are stored so a reader sees what
+the width policy will see. JSON keys for prefix and batch are decimal strings.
+
+Errors name the offending field as a JSON path, e.g.
+`profile.latency_ms["1024"]["1"]: expected 8 values (one per packed count), got 7`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cast_trtllm.width import choose_buckets, detect_cliffs, fit_affine
+
+SCHEMA_VERSION = 1
+REFERENCE_DIR = Path(__file__).parent / "profiles" / "reference"
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    source: str                       # "measured" or "reference: CAST paper Table 5"
+    date: str | None = None           # ISO date of the measurement (required if measured)
+    torch_version: str | None = None
+    transformers_version: str | None = None
+    host: str | None = None
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not (
+                self.source == "measured" or self.source.startswith("reference")):
+            raise ValueError(f'profile.provenance.source: expected "measured" or '
+                             f'"reference: ...", got {self.source!r}')
+        if self.source == "measured" and not self.date:
+            raise ValueError("profile.provenance.date: required for a measured profile")
+
+
+@dataclass(frozen=True, slots=True)
+class AffineFit:
+    intercept_ms: float  # c0
+    slope_ms: float      # c1, ms per packed token (per request)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyCurve:
+    """ell(n) of one (prefix bucket, batch) row; linear between measured packed counts."""
+
+    n: tuple[int, ...]
+    ms: tuple[float, ...]
+
+    def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
+        n_arr = np.asarray(n, dtype=np.float64)
+        if np.any(n_arr < self.n[0]) or np.any(n_arr > self.n[-1]):
+            raise ValueError(f"packed count {n} is outside the measured range "
+                             f"[{self.n[0]}, {self.n[-1]}]; the profile does not extrapolate")
+        out = np.interp(n_arr, self.n, self.ms)
+        return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True, slots=True)
+class WidthProfile:
+    sku: str
+    device: str                                       # device name as the probe saw it
+    target: str
+    dtype: str
+    prefix_lengths: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    packed_counts: tuple[int, ...]                    # n = N + 1
+    latency_ms: dict[int, dict[int, tuple[float, ...]]]  # [prefix][batch] -> [len(n)]
+    buckets: tuple[int, ...]                          # subset of packed_counts
+    fit_range: tuple[int, int]
+    fits: dict[int, dict[int, AffineFit]]             # [prefix][batch]
+    cliffs: dict[int, dict[int, tuple[int, ...]]]     # [prefix][batch] -> n landed on
+    provenance: Provenance
+    drafter_ms: dict[int, float] = field(default_factory=dict)   # [batch], width-independent
+    overhead_ms: dict[int, float] = field(default_factory=dict)  # [batch], host work per round
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"profile.schema_version: this build reads version "
+                             f"{SCHEMA_VERSION}, got {self.schema_version}")
+        for name in ("sku", "device", "target", "dtype"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"profile.{name}: expected a non-empty string")
+        for name in ("prefix_lengths", "batch_sizes", "packed_counts", "buckets"):
+            object.__setattr__(self, name, _ascending_ints(getattr(self, name), f"profile.{name}"))
+        n = self.packed_counts
+        if not set(self.buckets) <= set(n):
+            raise ValueError(f"profile.buckets: {sorted(set(self.buckets) - set(n))} are not "
+                             f"measured packed counts {list(n)}")
+        if not (isinstance(self.fit_range, (list, tuple)) and len(self.fit_range) == 2):
+            raise ValueError(f"profile.fit_range: expected [lo, hi], got {self.fit_range!r}")
+        lo, hi = self.fit_range
+        if not (lo < hi and sum(lo <= v <= hi for v in n) >= 2):
+            raise ValueError(f"profile.fit_range: [{lo}, {hi}] must hold >= 2 packed counts "
+                             f"of {list(n)}")
+        object.__setattr__(self, "fit_range", (int(lo), int(hi)))
+        object.__setattr__(self, "latency_ms", self._grid("latency_ms", self._check_row))
+        object.__setattr__(self, "fits", self._grid("fits", self._check_fit))
+        object.__setattr__(self, "cliffs", self._grid("cliffs", self._check_cliffs))
+        for name in ("drafter_ms", "overhead_ms"):
+            per_batch = getattr(self, name)
+            if not set(per_batch) <= set(self.batch_sizes):
+                raise ValueError(f"profile.{name}: batch sizes {sorted(per_batch)} must be a "
+                                 f"subset of profile.batch_sizes {list(self.batch_sizes)}")
+            for b, v in per_batch.items():
+                if not (_is_number(v) and math.isfinite(v) and v >= 0):
+                    raise ValueError(f'profile.{name}["{b}"]: expected ms >= 0, got {v}')
+
+    # -- lookups -------------------------------------------------------------------------
+    def prefix_bucket(self, prefix_len: int) -> int:
+        """Smallest measured prefix >= prefix_len (cost grows with prefix), else the largest."""
+        i = int(np.searchsorted(self.prefix_lengths, prefix_len))
+        return self.prefix_lengths[min(i, len(self.prefix_lengths) - 1)]
+
+    def curve(self, prefix_len: int, batch: int = 1) -> LatencyCurve:
+        """ell(n) for the prefix bucket of `prefix_len` at a measured batch size."""
+        if batch not in self.batch_sizes:
+            raise ValueError(f"batch {batch} was not measured; profile.batch_sizes = "
+                             f"{list(self.batch_sizes)}")
+        row = self.latency_ms[self.prefix_bucket(prefix_len)][batch]
+        return LatencyCurve(self.packed_counts, row)
+
+    def fixed_ms(self, batch: int) -> float:
+        """Width-independent ms per round (drafter + overhead), linear in batch between keys."""
+        return sum(float(np.interp(batch, sorted(d), [d[k] for k in sorted(d)]))
+                   for d in (self.drafter_ms, self.overhead_ms) if d)
+
+    # -- JSON ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for name in ("latency_ms", "fits", "cliffs"):
+            out[name] = {str(p): {str(b): v for b, v in row.items()}
+                         for p, row in out[name].items()}
+        for name in ("drafter_ms", "overhead_ms"):
+            out[name] = {str(b): v for b, v in out[name].items()}
+        return {"schema_version": out.pop("schema_version"), **out}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WidthProfile:
+        """Parse and validate a JSON object; ValueError names the field that is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(f"profile: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"profile: unknown field(s) {unknown}")
+        required = {f.name for f in fields(cls)} - {"drafter_ms", "overhead_ms"}
+        missing = sorted(required - set(data))
+        if missing:
+            raise ValueError(f"profile.{missing[0]}: missing")
+        kw = dict(data)
+        kw["provenance"] = _provenance(data["provenance"])
+        for name in ("latency_ms", "fits", "cliffs"):
+            kw[name] = {}
+            for p, row in _obj(data[name], f"profile.{name}").items():
+                path = f'profile.{name}["{p}"]'
+                kw[name][_int_key(p, f"profile.{name}")] = {
+                    _int_key(b, path): v for b, v in _obj(row, path).items()}
+        kw["fits"] = {p: {b: _fit(v, f'profile.fits["{p}"]["{b}"]') for b, v in row.items()}
+                      for p, row in kw["fits"].items()}
+        for name in ("drafter_ms", "overhead_ms"):
+            kw[name] = {_int_key(b, f"profile.{name}"): v
+                        for b, v in _obj(data.get(name) or {}, f"profile.{name}").items()}
+        return cls(**kw)
+
+    # -- validation helpers --------------------------------------------------------------
+    def _grid(self, name: str, check) -> dict:
+        grid = getattr(self, name)
+        if not isinstance(grid, dict) or sorted(grid) != list(self.prefix_lengths):
+            got = sorted(grid) if isinstance(grid, dict) else grid
+            raise ValueError(f"profile.{name}: expected one entry per prefix length "
+                             f"{list(self.prefix_lengths)}, got {got}")
+        out = {}
+        for p in self.prefix_lengths:
+            row = grid[p]
+            if not isinstance(row, dict) or sorted(row) != list(self.batch_sizes):
+                got = sorted(row) if isinstance(row, dict) else row
+                raise ValueError(f'profile.{name}["{p}"]: expected one entry per batch size '
+                                 f"{list(self.batch_sizes)}, got {got}")
+            out[p] = {b: check(row[b], f'profile.{name}["{p}"]["{b}"]') for b in self.batch_sizes}
+        return out
+
+    def _check_row(self, row, path: str) -> tuple[float, ...]:
+        if not isinstance(row, (list, tuple)) or len(row) != len(self.packed_counts):
+            got = len(row) if isinstance(row, (list, tuple)) else type(row).__name__
+            raise ValueError(f"{path}: expected {len(self.packed_counts)} values "
+                             f"(one per packed count), got {got}")
+        for i, v in enumerate(row):
+            if not (_is_number(v) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{path}[{i}]: expected a latency in ms > 0 "
+                                 f"(packed count {self.packed_counts[i]}), got {v!r}")
+        return tuple(float(v) for v in row)
+
+    def _check_fit(self, fit, path: str) -> AffineFit:
+        if not isinstance(fit, AffineFit) or not all(
+                math.isfinite(v) for v in (fit.intercept_ms, fit.slope_ms)):
+            raise ValueError(f"{path}: expected finite intercept_ms and slope_ms, got {fit!r}")
+        return fit
+
+    def _check_cliffs(self, cliffs, path: str) -> tuple[int, ...]:
+        if not isinstance(cliffs, (list, tuple)) or not set(cliffs) <= set(self.packed_counts):
+            raise ValueError(f"{path}: expected a list of measured packed counts, got {cliffs!r}")
+        return tuple(int(c) for c in cliffs)
+
+
+def build_profile(*, sku: str, device: str, target: str, dtype: str,
+                  packed_counts: list[int], latency_ms: dict[int, dict[int, list[float]]],
+                  provenance: Provenance, fit_range: tuple[int, int] | None = None,
+                  buckets: list[int] | None = None, max_buckets: int = 8,
+                  drafter_ms: dict[int, float] | None = None,
+                  overhead_ms: dict[int, float] | None = None) -> WidthProfile:
+    """A profile from a measured table: fits each row, detects cliffs, chooses buckets.
+
+    fit_range defaults to [smallest count >= 2, largest] (n = 1 runs the decode kernels);
+    buckets default to `choose_buckets` on the first (prefix, batch) row.
+    """
+    n = np.asarray(packed_counts)
+    if fit_range is None:
+        multi = n[n >= 2]
+        fit_range = (int(multi[0]), int(n[-1])) if len(multi) >= 2 else (int(n[0]), int(n[-1]))
+    fits, cliffs = {}, {}
+    for p, row in latency_ms.items():
+        fits[p], cliffs[p] = {}, {}
+        for b, ms in row.items():
+            c0, c1 = fit_affine(n, ms, *fit_range)
+            fits[p][b] = AffineFit(round(c0, 6), round(c1, 6))
+            cliffs[p][b] = tuple(detect_cliffs(n, ms))
+    if buckets is None:
+        first = latency_ms[min(latency_ms)]
+        buckets = choose_buckets(n, first[min(first)], max_buckets)
+    return WidthProfile(
+        sku=sku, device=device, target=target, dtype=dtype,
+        prefix_lengths=tuple(sorted(latency_ms)),
+        batch_sizes=tuple(sorted(next(iter(latency_ms.values())))),
+        packed_counts=tuple(packed_counts), latency_ms=latency_ms, buckets=tuple(buckets),
+        fit_range=fit_range, fits=fits, cliffs=cliffs, provenance=provenance,
+        drafter_ms=dict(drafter_ms or {}), overhead_ms=dict(overhead_ms or {}))
+
+
+def load_profile(path: str | Path) -> WidthProfile:
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+    try:
+        return WidthProfile.from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
+def save_profile(profile: WidthProfile, path: str | Path) -> None:
+    text = json.dumps(profile.to_dict(), indent=2)
+    # keep number lists (latency rows, counts) on one line
+    text = re.sub(r"\[\s+([-+\d.eE,\s]*?)\s+\]",
+                  lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+    Path(path).write_text(text + "\n")
+
+
+def reference_profiles() -> list[Path]:
+    """The shipped reference profiles (paper tables), sorted by file name."""
+    return sorted(REFERENCE_DIR.glob("*.json"))
+
+
+# -- parsing helpers ---------------------------------------------------------------------
+def _ascending_ints(values, path: str) -> tuple[int, ...]:
+    if not isinstance(values, (list, tuple)) or not values or any(
+            isinstance(v, bool) or not isinstance(v, int) for v in values):
+        raise ValueError(f"{path}: expected a non-empty list of integers, got {values!r}")
+    if values[0] < 1 or any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"{path}: expected strictly ascending integers >= 1, got {list(values)}")
+    return tuple(values)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int_key(key: str, path: str) -> int:
+    if not (isinstance(key, str) and key.isdigit()):
+        raise ValueError(f'{path}: key "{key}" is not a decimal integer')
+    return int(key)
+
+
+def _obj(value, path: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _fit(value, path: str) -> AffineFit:
+    value = _obj(value, path)
+    if sorted(value) != ["intercept_ms", "slope_ms"]:
+        raise ValueError(f"{path}: expected keys intercept_ms and slope_ms, got {sorted(value)}")
+    return AffineFit(**value)
+
+
+def _provenance(value) -> Provenance:
+    value = _obj(value, "profile.provenance")
+    names = {f.name for f in fields(Provenance)}
+    if not set(value) <= names or "source" not in value:
+        raise ValueError(f"profile.provenance: expected keys {sorted(names)} with "
+                         f"'source' required, got {sorted(value)}")
+    return Provenance(**value)
