@@ -49,6 +49,14 @@ class Tree:
         if np.any(self.depth != parent_depth + 1):
             raise ValueError("Tree.depth must be its parent's depth + 1 (depth-1 nodes hang off the root)")
 
+    @classmethod
+    def _trusted(cls, tokens: np.ndarray, depth: np.ndarray, parent: np.ndarray, score: np.ndarray) -> "Tree":
+        """Construct without validation: for trees this module built correct by construction."""
+        tree = object.__new__(cls)
+        for name, value in zip(("tokens", "depth", "parent", "score"), (tokens, depth, parent, score)):
+            object.__setattr__(tree, name, value)
+        return tree
+
     @staticmethod
     def empty() -> "Tree":
         """The root-only tree: one autoregressive step."""
@@ -115,23 +123,24 @@ def topk_per_position(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
 
 
 def _check_topk(topk_ids: np.ndarray, topk_logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validate [..., L, K] top-k ids / log-probs; returns (int64 ids, float64 logprobs <= 0)."""
     ids = np.asarray(topk_ids)
     lp = np.asarray(topk_logprobs, dtype=np.float64)
-    if ids.ndim != 2 or ids.shape != lp.shape:
+    if ids.ndim < 2 or ids.shape != lp.shape:
         raise ValueError(
             f"topk_ids and topk_logprobs must both be [L, K]; got {ids.shape} and {lp.shape}"
         )
-    if np.any(lp > 1e-6) or np.any(np.isnan(lp)):
+    if not (lp.max(initial=-np.inf) <= 1e-6):  # also catches NaN
         raise ValueError("topk_logprobs must be log-probabilities (<= 0, no NaN)")
-    if np.any(np.diff(lp, axis=1) > 1e-12):
+    if lp.shape[-1] > 1 and np.any(lp[..., 1:] > lp[..., :-1] + 1e-12):
         raise ValueError("topk_logprobs must be sorted descending within each position")
-    return ids.astype(np.int64), np.minimum(lp, 0.0)
+    return ids.astype(np.int64, copy=False), np.minimum(lp, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
 class _Pool:
     """Every candidate that may belong to the top set, sorted in Theorem 1 order
-    (score desc, depth asc, request asc, rank path asc)."""
+    (score desc, then depth, request and rank path asc)."""
 
     request: np.ndarray  # [M] int64 request of each candidate
     depth: np.ndarray  # [M] int32
@@ -151,15 +160,6 @@ def _kth_best_per_request(req: np.ndarray, score: np.ndarray, B: int, k: int) ->
     return tau
 
 
-def _threshold(req: np.ndarray, score: np.ndarray, B: int, keep: int, per_request: bool) -> np.ndarray:
-    """[B] lower bound τ on the keep-th best score (per request or over the union)."""
-    if per_request:
-        return _kth_best_per_request(req, score, B, keep)
-    if len(score) < keep:
-        return np.full(B, -np.inf)
-    return np.full(B, -np.partition(-score, keep - 1)[keep - 1])
-
-
 def _best_first_pool(lp: np.ndarray, keep: int, per_request: bool) -> _Pool:
     """Candidates of the top-`keep` set of the disjoint union of B universes.
 
@@ -167,44 +167,47 @@ def _best_first_pool(lp: np.ndarray, keep: int, per_request: bool) -> _Pool:
     request's own universe (used with a per-request cap); otherwise to the union
     (Proposition 2). A child is dropped only when its score is below the running
     lower bound τ on the keep-th best score, so no member of the top set is lost.
+
+    Children are generated row-major over (parent, rank), so within a level the
+    candidates come out in (request, rank path) order, and levels are appended by
+    depth: a stable sort on score alone yields the full Theorem 1 order.
     """
     B, L, K = lp.shape
     req = np.repeat(np.arange(B), K)
     score = lp[:, 0, :].reshape(-1)
     levels = [(req, score, np.tile(np.arange(K), B), np.full(B * K, -1))]
     best_req, best_score = req, score  # candidates still able to raise τ
-    tau = _threshold(best_req, best_score, B, keep, per_request)
     offset = 0
-    for d in range(1, L):
-        req, score, lex, _ = levels[-1]
-        tau_node = tau[req]
-        lp_d = lp[req, d, :]  # [M, K] child log-probs of every level-d node
-        alive = np.flatnonzero(score + lp_d[:, 0] >= tau_node)  # has a surviving child
-        if len(alive) == 0:
-            break
-        child = score[alive, None] + lp_d[alive]  # [M', K]
-        rows, cols = np.nonzero(child >= tau_node[alive, None])
-        node = alive[rows]
-        new_req, new_score = req[node], child[rows, cols]
-        levels.append((new_req, new_score, lex[node] * K + cols, offset + node))
-        offset += len(score)
-        if len(best_score) + len(new_score) >= keep:  # τ can only rise; refresh it
-            stay = best_score >= tau[best_req]
-            best_req = np.concatenate([best_req[stay], new_req])
-            best_score = np.concatenate([best_score[stay], new_score])
-            tau = _threshold(best_req, best_score, B, keep, per_request)
+    for d in range(1, L + 1):
+        if per_request:
+            tau = _kth_best_per_request(best_req, best_score, B, keep)
+            tau_node = tau[req][:, None]
         else:
-            best_req = np.concatenate([best_req, new_req])
-            best_score = np.concatenate([best_score, new_score])
-    req, score, lex, parent = (np.concatenate(col) for col in zip(*levels))
-    depth = np.concatenate([np.full(len(lv[1]), i + 1, np.int32) for i, lv in enumerate(levels)])
+            tau = tau_node = -np.partition(-best_score, keep - 1)[keep - 1] if len(best_score) >= keep else -np.inf
+            best_score = best_score[best_score >= tau]  # the rest can never raise τ again
+        if d == L:
+            break
+        child = score[:, None] + (lp[0, d] if B == 1 else lp[req, d])  # [M, K]
+        rows, cols = np.nonzero(child >= tau_node)
+        if len(rows) == 0:
+            break
+        req, score = req[rows], child[rows, cols]
+        levels.append((req, score, cols, offset + rows))
+        offset += len(levels[-2][1])
+        if per_request:
+            best_req, best_score = np.concatenate([best_req, req]), np.concatenate([best_score, score])
+        else:
+            best_score = np.concatenate([best_score, score])
+    req, score, rank, parent = (np.concatenate(col) for col in zip(*levels))
+    depth = np.repeat(np.arange(1, len(levels) + 1, dtype=np.int32), [len(lv[1]) for lv in levels])
     # only candidates at or above the final τ can be chosen; zero-mass strings never are
-    cand = np.flatnonzero((score >= tau[req]) & np.isfinite(score))
-    order = cand[np.lexsort((lex[cand], req[cand], depth[cand], -score[cand]))]
+    above = score >= (tau[req] if per_request else tau)
+    cand = np.flatnonzero(above & (score > -np.inf))
+    order = cand[np.argsort(-score[cand], kind="stable")]
     position = np.full(len(score), -1)
     position[order] = np.arange(len(order))
     parent = np.where(parent[order] >= 0, position[np.maximum(parent[order], 0)], -1)
-    return _Pool(req[order], depth[order], lex[order] % K, parent, score[order])
+    return _Pool(req[order], depth[order], rank[order], parent, score[order])
 
 
 def _trees_from_selection(ids: np.ndarray, pool: _Pool, chosen: np.ndarray) -> list[Tree]:
@@ -215,13 +218,13 @@ def _trees_from_selection(ids: np.ndarray, pool: _Pool, chosen: np.ndarray) -> l
     local = np.full(len(pool.score), ROOT, np.int64)
     trees = []
     for r in range(ids.shape[0]):
-        sel = chosen[pool.request[chosen] == r]
+        sel = chosen if ids.shape[0] == 1 else chosen[pool.request[chosen] == r]
         local[sel] = np.arange(len(sel))
         par = pool.parent[sel]
         parent = np.where(par >= 0, local[np.maximum(par, 0)], ROOT).astype(np.int32)
         depth = pool.depth[sel]
         tokens = ids[r, depth - 1, pool.rank[sel]]
-        trees.append(Tree(tokens.astype(np.int64), depth, parent, pool.score[sel]))
+        trees.append(Tree._trusted(tokens, depth, parent, pool.score[sel]))
     return trees
 
 
@@ -284,13 +287,11 @@ def allocate_shared_budget(
         raise ValueError("allocate_shared_budget needs at least one request")
     if total < 0 or (cap is not None and cap < 0):
         raise ValueError(f"total ({total}) and cap ({cap}) must be >= 0")
-    checked = [_check_topk(i, l) for i, l in per_request]
-    shapes = {c[0].shape for c in checked}
+    shapes = {np.shape(i) for i, _ in per_request} | {np.shape(l) for _, l in per_request}
     if len(shapes) != 1:
         raise ValueError(f"every request needs the same [L, K] top-k shape; got {sorted(shapes)}")
-    ids = np.stack([c[0] for c in checked])
-    lp = np.stack([c[1] for c in checked])
-    B = len(checked)
+    ids, lp = _check_topk(np.stack([i for i, _ in per_request]), np.stack([l for _, l in per_request]))
+    B = len(per_request)
     if total == 0 or cap == 0:
         return [Tree.empty() for _ in range(B)]
     if cap is None:
