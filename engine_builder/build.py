@@ -1,0 +1,199 @@
+"""Engine build for one GPU SKU: ONNX graphs, plugin PTX, build manifest, TensorRT engines.
+
+    result = build(BuildRequest(sku="h200", target="embedded", drafter=Path("head/"), out=Path("build/")))
+
+Writes into `out`: verify graphs (standard-ops flavour `verify_onnx.onnx`, which
+onnxruntime runs; custom-node flavour `verify_plugin.onnx`, for TensorRT), the drafter's
+`draft.onnx` + `context.onnx`, the AOT PTX of the tree-attention kernel for the SKU's
+arch (`plugin/`), and `manifest.json` (SKU, buckets, one optimization profile per
+bucket, files, versions, plugin archs). Engines are built only where TensorRT imports;
+else `BuildResult.engines_built` is False and `message` says why. Batch of one request
+(the executor's contract); a ragged multi-request graph is not exported yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine_builder import onnx_export as ox
+from engine_builder.skus import SkuSpec, load_sku
+from plugins.tree_attention.aot import AOT_ARCHS, KernelSpec, compile_kernel
+from plugins.tree_attention.trt_plugin import tensorrt_status
+from runtime.drafter.checkpoint import load_drafter
+from runtime.model.llama import LlamaTarget
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+VERIFY_FILES = {"onnx": "verify_onnx.onnx", "plugin": "verify_plugin.onnx"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuildRequest:
+    sku: str  # shipped SKU name or a spec .yaml path
+    target: str  # "embedded", "random" (tiny seeded test model) or an HF model dir / .gguf file
+    out: Path
+    drafter: Path | None = None  # DFlash checkpoint dir; None: no draft graphs
+    num_layers: int | None = None  # export only the first K target layers (smoke builds)
+    flavours: tuple[str, ...] = ("onnx", "plugin")
+
+    def __post_init__(self) -> None:
+        bad = set(self.flavours) - set(VERIFY_FILES)
+        if not self.flavours or bad:
+            raise ValueError(f"flavours must be a non-empty subset of {sorted(VERIFY_FILES)}, got {self.flavours}")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError(f"--num-layers must be >= 1, got {self.num_layers}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuildResult:
+    manifest_path: Path
+    manifest: dict[str, Any]
+    engines_built: bool
+    message: str  # what was built, or why the engines were not
+
+
+def load_target(source: str, dtype: torch.dtype) -> tuple[LlamaTarget, str]:
+    """(target forward on CPU in `dtype`, display name) for --target."""
+    if source == "embedded":
+        from runtime.embedded import load_embedded
+
+        loaded = load_embedded("cpu", torch.float32)
+        return loaded.model.to(dtype), loaded.name
+    if source == "random":
+        from runtime.serving.engine import random_target
+
+        return random_target(seed=0).to(dtype), "random (seed 0, 2 layers, hidden 64)"
+    path = Path(source)
+    if not path.exists():
+        raise ValueError(f"--target {source!r}: expected 'embedded', 'random', or an existing HF model "
+                         "directory or .gguf file")
+    from transformers import AutoModelForCausalLM
+
+    if path.suffix == ".gguf":
+        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return LlamaTarget.from_hf(hf.eval()).to(dtype), str(path)
+
+
+def plugin_ptx(spec: SkuSpec, target: LlamaTarget, words: int, out: Path) -> dict[str, Any]:
+    """AOT PTX of the tree-attention kernel for the SKU's arch (the plugin's aot_impl
+    recompiles on the build GPU; this copy documents and checks the binary ahead)."""
+    record: dict[str, Any] = {"op": "cast::tree_attention", "aot_archs": list(AOT_ARCHS), "ptx": []}
+    if spec.compute_capability is None:
+        return {**record, "note": f"SKU {spec.name} has no compute capability: no GPU kernel"}
+    arch = int(spec.compute_capability.replace(".", ""))
+    if arch not in AOT_ARCHS:
+        return {**record, "note": f"sm_{arch} is outside the AOT archs {list(AOT_ARCHS)}"}
+    cfg = target.config
+    kernel = KernelSpec(dtype=spec.dtype, num_q_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                        head_dim=cfg.head_dim, mask_words=words)
+    try:
+        compiled = compile_kernel(kernel, arch=arch)
+    except RuntimeError as err:  # no triton, or this process imported it in interpreter mode
+        return {**record, "note": f"PTX not generated here: {err}"}
+    path = out / "plugin" / f"tree_attention_sm{arch}.ptx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(compiled.ptx)
+    record["ptx"].append({"arch": arch, "file": str(path.relative_to(out)), "kernel": compiled.name,
+                          "num_warps": compiled.num_warps, "shared_mem": compiled.shared_mem,
+                          "block_m": compiled.block_m, "spec": dataclasses.asdict(kernel)})
+    return record
+
+
+def _versions() -> dict[str, str | None]:
+    out = {}
+    for package in ("cast-trtllm", "torch", "onnx", "onnxruntime", "triton", "tensorrt"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: None,
+          try_engines: bool = True) -> BuildResult:
+    """Export, write the manifest, and build engines if `try_engines` and TensorRT imports."""
+    spec = load_sku(request.sku)
+    out = Path(request.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress(f"loading target {request.target!r} in {spec.dtype}")
+    target, target_name = load_target(request.target, DTYPES[spec.dtype])
+    full_layers = target.config.num_layers
+    drafter = None
+    if request.drafter is not None:  # checked against the full target it was trained for
+        drafter = load_drafter(request.drafter, target.config, dtype=DTYPES[spec.dtype])
+    if request.num_layers is not None and request.num_layers < full_layers:
+        target = ox.truncate_target(target, request.num_layers)
+        dropped = [i for i in (drafter.config.target_layer_ids if drafter else ()) if i >= request.num_layers]
+        if dropped:
+            raise ValueError(f"--num-layers {request.num_layers} drops target layers {dropped} that the drafter taps")
+    cfg = target.config
+    words = ox.mask_words(spec.packed_buckets[-1])
+    prefix_max = min(spec.prefix_buckets[-1], cfg.context_window - spec.packed_buckets[-1])
+    if prefix_max < 1:
+        raise ValueError(f"the target's context window {cfg.context_window} cannot hold the largest bucket")
+    prefix_opt = min(spec.prefix_buckets[0], prefix_max)
+    taps = drafter.config.target_layer_ids if drafter is not None else ()
+
+    graphs: dict[str, Any] = {}
+    for flavour in request.flavours:
+        progress(f"exporting the verify graph ({flavour} attention)")
+        graphs[f"verify_{flavour}"] = ox.export_verify(target, out / VERIFY_FILES[flavour], flavour, words, taps)
+    verify_profiles = ox.optimization_profiles(spec.packed_buckets, words, prefix_opt, prefix_max)
+    any_verify = next(iter(graphs.values()))
+    profiles = {"verify": [{**p, "shapes": ox.profile_shapes(p, any_verify["inputs"])} for p in verify_profiles]}
+    if drafter is not None:
+        progress("exporting the draft and context graphs")
+        graphs["draft"] = ox.export_draft(drafter, target, out / "draft.onnx")
+        graphs["context"] = ox.export_context(drafter, out / "context.onnx")
+        block = drafter.config.block_size
+        ranges = {"draft": {"context": {"min": 1, "opt": prefix_opt, "max": prefix_max}},
+                  "context": {"m": {"min": 1, "opt": block, "max": prefix_max}}}
+        profiles.update({name: [{**dims, "shapes": ox.profile_shapes(dims, graphs[name]["inputs"])}]
+                         for name, dims in ranges.items()})
+    progress("plugin: ahead-of-time PTX of the tree-attention kernel for the SKU arch")
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "sku": {k: getattr(spec, k) for k in ("name", "display_name", "compute_capability", "dtype",
+                                              "packed_buckets", "prefix_buckets", "max_batch")},
+        "target": {"source": request.target, "name": target_name, "exported_layers": cfg.num_layers,
+                   "full_layers": full_layers, "truncated": cfg.num_layers < full_layers,
+                   "config": dataclasses.asdict(cfg)},
+        "drafter": None if drafter is None else {
+            "path": str(request.drafter), "block_size": drafter.config.block_size,
+            "target_layer_ids": list(drafter.config.target_layer_ids), "layers": drafter.config.num_hidden_layers},
+        "batch": 1,
+        "mask_words": words,
+        "kv_layout": "[layers, tokens, kv_heads, head_dim]",
+        "graphs": graphs,
+        "optimization_profiles": profiles,
+        "plugin": plugin_ptx(spec, target, words, out),
+        "versions": _versions(),
+        "engines": [],
+    }
+    status = tensorrt_status() if try_engines else "skipped (ONNX-only build)"
+    if status is None and "verify_plugin" in graphs:
+        from engine_builder.trt_engines import build_engines
+
+        progress("building TensorRT engines")
+        manifest["engines"] = build_engines(out, manifest, progress)
+        message = f"built {len(manifest['engines'])} TensorRT engines in {out}"
+    elif status is None:
+        message = "TensorRT engines need the plugin flavour of the verify graph (--flavour plugin or both)"
+    else:
+        message = (f"no TensorRT engines built: {status}. Wrote {len(graphs)} ONNX graphs and "
+                   f"{MANIFEST_NAME} to {out}; build the engines from them on a machine with TensorRT")
+    manifest["tensorrt"] = message
+    path = out / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return BuildResult(path, manifest, bool(manifest["engines"]), message)

@@ -1,0 +1,56 @@
+"""`cast-trtllm build`: export the SKU's graphs and build its engines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from engine_builder.build import MANIFEST_NAME, VERIFY_FILES, BuildRequest, build as run_build
+from engine_builder.skus import list_skus
+
+
+@click.command()
+@click.option("--sku", required=True, help=f"GPU SKU spec: one of {', '.join(list_skus())}, or a spec .yaml path.")
+@click.option("--target", default="embedded", show_default=True,
+              help="'embedded' (SmolLM2-135M), 'random' (tiny seeded test model), or an HF model dir / .gguf file.")
+@click.option("--drafter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="DFlash checkpoint directory (config.json + model.safetensors); omit to skip the draft graphs.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory for the ONNX files, plugin PTX, manifest and engines.")
+@click.option("--num-layers", type=int, default=None,
+              help="Export only the first K target layers (smoke builds; its logits are not the full model's).")
+@click.option("--flavour", type=click.Choice(["both", *VERIFY_FILES]), default="both", show_default=True,
+              help="Verify-graph attention: standard ONNX ops (onnxruntime), the cast::tree_attention node "
+                   "(TensorRT), or both.")
+@click.option("--onnx-only", is_flag=True, help="Stop after the ONNX files and manifest; do not try TensorRT.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a summary.")
+def build(sku: str, target: str, drafter: Path | None, out: Path, num_layers: int | None, flavour: str,
+          onnx_only: bool, as_json: bool) -> None:
+    """Export the verify graph (one optimization profile per width bucket), the DFlash draft
+    graphs and the plugin PTX for SKU, write a build manifest, and build TensorRT engines
+    where TensorRT is importable (else exit 1 with the reason, after writing the files)."""
+    flavours = tuple(VERIFY_FILES) if flavour == "both" else (flavour,)
+    try:
+        request = BuildRequest(sku=sku, target=target, out=out, drafter=drafter, num_layers=num_layers,
+                               flavours=flavours)
+        result = run_build(request, progress=lambda msg: click.echo(f"[build] {msg}", err=True),
+                           try_engines=not onnx_only)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from err
+    manifest = result.manifest
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+    else:
+        click.echo(f"{'file':<28} {'bytes':>14}")
+        for record in manifest["graphs"].values():
+            click.echo(f"{record['file']:<28} {record['bytes']:>14,}")
+        for record in manifest["plugin"]["ptx"] + manifest["engines"]:
+            click.echo(f"{record['file']:<28}")
+        buckets = [p["bucket"] for p in manifest["optimization_profiles"]["verify"]]
+        click.echo(f"buckets (one optimization profile each): {buckets}")
+        click.echo(f"manifest: {out / MANIFEST_NAME}")
+    if not result.engines_built and not onnx_only:
+        raise click.ClickException(result.message)
+    click.echo(result.message, err=True)

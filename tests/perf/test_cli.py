@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from perf.cli import bench, prepare_dataset, sweep_table
+from perf.datasets import default_data_dir, read_requests
+
+
+@pytest.mark.skipif(default_data_dir() is None, reason="../shared/data is not present")
+def test_prepare_dataset_writes_trtllm_bench_jsonl(tmp_path):
+    out = tmp_path / "gsm8k.jsonl"
+    result = CliRunner().invoke(prepare_dataset, ["gsm8k", "--out", str(out), "--num-prompts", "4",
+                                                  "--output-tokens", "32"])
+    assert result.exit_code == 0, result.output
+    assert [r.output_tokens for r in read_requests(out)] == [32] * 4
+
+
+def test_bench_without_a_drafter_says_how_to_give_one(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"task_id": 0, "prompt": "hi", "output_tokens": 4}\n')
+    result = CliRunner().invoke(bench, ["--dataset", str(data), "--methods", "ar,chain"])
+    assert result.exit_code != 0 and "--drafter" in result.output
+
+
+def test_bench_rejects_relaxed_rules_at_temperature_zero(tmp_path):
+    result = CliRunner().invoke(bench, ["--dataset", "gsm8k", "--relaxed", "cactus:0.5"])
+    assert result.exit_code != 0 and "temperature" in result.output
+
+
+def test_sweep_table_puts_the_oracle_next_to_the_predicted_width():
+    summary = [{"method": "chain", "ms_per_token": 10.0, "gain_over_chain": 0.0, "mean_budget": 15.0},
+               {"method": "cast:3", "ms_per_token": 9.0, "gain_over_chain": 10 / 9 - 1, "mean_budget": 3.0},
+               {"method": "cast:7", "ms_per_token": 8.0, "gain_over_chain": 0.25, "mean_budget": 7.0},
+               {"method": "cast:auto", "ms_per_token": 8.2, "gain_over_chain": 10 / 8.2 - 1, "mean_budget": 6.1}]
+    row = sweep_table(summary, [3, 7])
+    assert row["oracle_width"] == 7 and row["predicted_width"] == 6.1
+    assert row["gap_pp"] == pytest.approx(100 * (10 / 8.2 - 1 - 0.25))

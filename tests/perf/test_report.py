@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cast_trtllm.sampling import SamplingParams
+from perf.datasets import Request
+from perf.harness import MethodSpec, parse_methods, run_bench
+from perf.report import build_report, format_table
+
+SPECS = [MethodSpec("ar"), MethodSpec("chain"), MethodSpec("cast", 5)]
+
+
+def test_methods_parse_with_fixed_and_auto_budgets():
+    assert [s.label for s in parse_methods("ar, chain,cast:15,cast:auto")] == ["ar", "chain", "cast:15", "cast:auto"]
+    assert parse_methods("cast") == [MethodSpec("cast", None)]
+    for bad in ("cast:0", "tree", "chain:3", "ar,ar"):
+        with pytest.raises(ValueError, match="--methods"):
+            parse_methods(bad)
+
+
+@pytest.fixture(scope="module")
+def report(session):
+    requests = [Request(0, 10, input_ids=(1, 2, 3, 4)), Request(1, 10, input_ids=(5, 6, 7))]
+    bench = run_bench(requests, SPECS, session, session.encode, SamplingParams(0.0, seed=0), progress=False)
+    return bench, build_report(bench, "tiny", [10, 10], session.engine, {"command": "test"})
+
+
+def test_report_has_trtllm_bench_shape_per_method(report):
+    _, rep = report
+    assert {"engine", "machine", "dataset", "settings", "runs", "summary"} <= set(rep)
+    assert rep["dataset"]["num_requests"] == 2 and rep["dataset"]["isl_stats"]["maximum"] == 4
+    json.dumps(rep)  # serializable as is
+    for block in rep["runs"]:
+        assert {"request_info", "performance", "decoding_stats"} <= set(block)
+        assert block["request_info"]["num_requests"] == 2
+        perf = block["performance"]
+        assert {"decode_ms_per_token", "decode_tokens_per_s", "avg_time_to_first_token_ms", "time_split_ms",
+                "request_latency_percentiles_ms"} <= set(perf)
+        al = block["decoding_stats"]["acceptance_length_percentiles"]
+        assert set(al) == {"p50", "p90", "p95", "p99", "minimum", "maximum", "average"}
+        hist = block["decoding_stats"]["acceptance_length_histogram"]
+        assert sum(hist.values()) == block["decoding_stats"]["num_rounds"]
+
+
+def test_greedy_methods_emit_identical_tokens_and_ratios_follow_ms_per_token(report):
+    bench, rep = report
+    tokens = {label: [r.result.token_ids for r in runs] for label, runs in bench.runs.items()}
+    assert tokens["ar"] == tokens["chain"] == tokens["cast:5"]
+    rows = {r["method"]: r for r in rep["summary"]}
+    t = {m: rows[m]["ms_per_token"] for m in rows}
+    assert rows["ar"]["mean_R"] == 1.0 and rows["ar"]["speedup_over_ar"] == pytest.approx(1.0)
+    assert rows["cast:5"]["speedup_over_ar"] == pytest.approx(t["ar"] / t["cast:5"])
+    assert rows["cast:5"]["gain_over_chain"] == pytest.approx(t["chain"] / t["cast:5"] - 1)
+    assert rows["cast:5"]["mean_budget"] == 5.0
+    table = format_table(rep["summary"])
+    assert table.splitlines()[0].startswith("method") and "cast:5" in table
+    assert format_table(rep["summary"], markdown=True).startswith("| method")
+
+
+def test_decode_ms_per_token_is_the_ratio_of_summed_decode_windows_to_tokens(report):
+    bench, rep = report
+    runs = bench.runs["chain"]
+    expected = sum(r.result.timings.decode_ms for r in runs) / sum(len(r.result.token_ids) for r in runs)
+    block = next(b for b in rep["runs"] if b["label"] == "chain")
+    assert block["performance"]["decode_ms_per_token"] == pytest.approx(expected)
+
+
+def test_results_page_renders_tables_and_the_reproduce_command(report, tmp_path):
+    from perf.results_page import write_page
+
+    _, rep = report
+    page = write_page(tmp_path, {"gsm8k": rep, "mt_bench": rep}, "python -m perf.results_page --num-prompts 20")
+    text = page.read_text()
+    assert "## gsm8k" in text and "## mt_bench" in text and "| cast:5 |" in text
+    assert "python -m perf.results_page --num-prompts 20" in text
