@@ -57,16 +57,21 @@ def detect_cliffs(n: np.ndarray, ms: np.ndarray, rel_jump: float = 0.10,
     Only counts >= min_n are compared: leaving n = 1 switches from decode to multi-token
     kernels, a cost every tree, even the plain chain, pays (paper App. D.1). A step needs
     two earlier counts >= min_n to estimate its local slope; earlier steps are not flagged.
+    The slope used is never below the median step slope of the whole curve, so a noisy or
+    non-monotone start (CPU n = 2 slower than n = 4) does not make an ordinary rise look
+    like a cliff.
     """
     n, ms = _as_curve(n, ms)
     if rel_jump <= 0:
         raise ValueError(f"rel_jump must be > 0, got {rel_jump}")
     cliffs = []
     first = int(np.searchsorted(n, min_n))
+    steps = np.diff(ms[first:]) / np.diff(n[first:]).astype(np.float64)
+    trend = max(float(np.median(steps)), 0.0) if len(steps) else 0.0
     for i in range(first + 1, len(n) - 1):  # step i -> i+1 with >= 2 prior points
         lo = max(first, i + 1 - window)
         c1, _ = np.polyfit(n[lo:i + 1].astype(np.float64), ms[lo:i + 1], deg=1)
-        expected = max(c1, 0.0) * (n[i + 1] - n[i])
+        expected = max(c1, trend) * (n[i + 1] - n[i])
         persistent_rise = ms[i + 1:].min() - ms[i]
         if persistent_rise - expected > rel_jump * ms[i]:
             cliffs.append(int(n[i + 1]))
