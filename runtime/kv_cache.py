@@ -76,7 +76,7 @@ class KVCache:
         """
         keep = np.asarray(keep_pack_indices, dtype=np.int64)
         m = len(keep)
-        if m and np.any(np.diff(keep) <= 0) or (m and keep[0] < 0):
+        if m and (keep[0] < 0 or np.any(np.diff(keep) <= 0)):
             raise ValueError(f"keep_pack_indices must be increasing and >= 0, got {keep.tolist()}")
         if not np.array_equal(keep, np.arange(m)):  # a contiguous head is already in place
             src = torch.from_numpy(keep + self.length).to(self.k.device)

@@ -36,11 +36,14 @@ class Rotary(nn.Module):
 
     def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        # a plain attribute, not a buffer: `module.to(bfloat16)` must not round it
+        self.inv_freq = inv_freq.to(torch.float32)
         self.attention_scaling = attention_scaling
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [n] int64. Returns cos, sin: [n, head_dim] in `dtype`."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions[:, None].to(torch.float32) * self.inv_freq[None, :]  # [n, d/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_scaling

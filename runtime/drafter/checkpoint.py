@@ -1,0 +1,112 @@
+"""Save, load and randomly initialise DFlash drafters in the z-lab checkpoint format.
+
+A checkpoint directory holds `config.json` (see `DrafterConfig`) and
+`model.safetensors` with the keys `fc.weight`, `hidden_norm.weight`, `norm.weight` and
+`layers.{i}.{self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj,
+input_layernorm, post_attention_layernorm}.weight`. No embedding or lm_head: those are
+the target's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from runtime.drafter.config import WEIGHTS_NAME, DrafterConfig
+from runtime.drafter.model import DFlashDrafter
+from runtime.model.llama import TargetConfig
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """DFlash's default taps: the middle layer for one drafter layer, else evenly
+    spaced over [1, num_target_layers - 3] (dflash 0.1.0 `build_target_layer_ids`)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def random_drafter(
+    target: TargetConfig,
+    num_layers: int = 1,
+    block_size: int = 16,
+    target_layer_ids: Sequence[int] | None = None,
+    seed: int = 0,
+    mask_token_id: int = 0,
+    init_std: float = 0.02,
+) -> DFlashDrafter:
+    """An untrained drafter shaped for `target` (weights ~ N(0, init_std), norms = 1).
+
+    Its proposals are nearly useless (acceptance near zero); it exists to exercise the
+    runtime and as a starting point for training.
+    """
+    ids = list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(target.num_layers, num_layers)
+    cfg = DrafterConfig(
+        hidden_size=target.hidden_size,
+        num_attention_heads=target.num_heads,
+        num_key_value_heads=target.num_kv_heads,
+        head_dim=target.head_dim,
+        intermediate_size=target.intermediate_size,
+        num_hidden_layers=num_layers,
+        vocab_size=target.vocab_size,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=tuple(ids),
+        rms_norm_eps=target.rms_norm_eps,
+        num_target_layers=target.num_layers,
+    )
+    cfg.check_fits(target)
+    drafter = DFlashDrafter(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, init_std, generator=gen)
+    return drafter.eval().requires_grad_(False)
+
+
+def save_drafter(drafter: DFlashDrafter, directory: str | Path) -> None:
+    """Write `config.json` + `model.safetensors` (fp32 or the drafter's dtype)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    drafter.config.save(directory)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_drafter(
+    directory: str | Path,
+    target: TargetConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> DFlashDrafter:
+    """Load and validate a checkpoint against the target it will run with."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"drafter checkpoint directory {directory} does not exist")
+    cfg = DrafterConfig.load(directory)
+    cfg.check_fits(target)
+    weights_path = directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        raise ValueError(f"drafter checkpoint {directory} has no {WEIGHTS_NAME}")
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"drafter weights {weights_path} are corrupt or unreadable: {err}") from err
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg)
+    expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = [f"{k} {tuple(tensors[k].shape)} != {shape}" for k, shape in expected.items() if k in tensors and tuple(tensors[k].shape) != shape]
+    if missing or unexpected or wrong:
+        parts = [f"missing {missing}" if missing else "", f"unexpected {unexpected}" if unexpected else "", f"wrong shapes {wrong}" if wrong else ""]
+        raise ValueError(f"drafter weights {weights_path} do not match its config: " + "; ".join(p for p in parts if p))
+    drafter.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+    return drafter.eval().requires_grad_(False)

@@ -1,0 +1,97 @@
+"""The DFlash block drafter (z-lab `DFlashDraftModel` math, Qwen3 layers).
+
+Terminology: context = the cache-backed prefix x, seen only through target taps;
+block = [b, mask, …, mask] (L+1 slots, slot 0 holds the pending root's embedding).
+
+- context features: c = hidden_norm(fc(concat_i target hidden_states[i+1])) [m, H];
+  every drafter layer projects the SAME c to keys/values (k_norm on keys, RoPE at the
+  context's absolute positions; no input_layernorm on c). Those K/V are the feature
+  cache, appended once per committed position.
+- block: h = target embeddings of the block; per layer, pre-norm attention whose
+  queries are the block and whose keys/values are context ∪ block, with NO mask
+  (non-causal inside the block), then the gated MLP.
+- output: the drafter's own final `norm`, then the target's lm_head (no target norm),
+  on slots 1..L → marginals q_1..q_L.
+This matches dflash 0.1.0 `DFlashDraftModel.forward` + `compute_logits` (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from runtime.drafter.config import DrafterConfig
+from runtime.kv_cache import KVCache
+from runtime.model.layers import GatedMLP, RMSNorm, apply_rope
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [m, H] → k, v: [Hkv, m, d] (k normed and rotated)."""
+        m = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(m, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(m, self.num_kv_heads, self.head_dim)
+        return apply_rope(k.transpose(0, 1), *rope), v.transpose(0, 1)
+
+    def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int) -> torch.Tensor:
+        """x: [B, H] normed block states. Attends to cached context ∪ block, unmasked."""
+        n = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
+        q = apply_rope(q.transpose(0, 1), *rope)  # [Hq, B, d]
+        keys, values = cache.write(layer, *self.key_value(x, rope))  # scratch rows, never committed
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], enable_gqa=True)[0]
+        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, rope, cache: KVCache, layer: int) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, cache, layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """Weights only; parameter names equal the checkpoint's safetensors keys."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    @torch.inference_mode()
+    def append_context(self, taps: torch.Tensor, rope, cache: KVCache) -> None:
+        """taps: [m, len(target_layer_ids) * H] of m committed positions → feature cache."""
+        ctx = self.hidden_norm(self.fc(taps))  # [m, H]
+        for i, layer in enumerate(self.layers):
+            cache.write(i, *layer.self_attn.key_value(ctx, rope))
+        cache.advance(taps.shape[0])
+
+    @torch.inference_mode()
+    def forward(self, block_embeds: torch.Tensor, rope, cache: KVCache) -> torch.Tensor:
+        """block_embeds: [L+1, H] target embeddings of [b, mask…]. Returns the normed
+        hidden states of slots 1..L: [L, H] (apply the target's lm_head for logits)."""
+        cache.check_room(block_embeds.shape[0])
+        h = block_embeds
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rope, cache, i)
+        return self.norm(h[1:])

@@ -1,0 +1,81 @@
+"""What one generation returns, and the decode-only timer of paper App. D."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+class Stopwatch:
+    """Wall clock that synchronizes CUDA before every read (App. D)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+@dataclass(slots=True)
+class Timings:
+    """Milliseconds. The decode window (App. D) opens after prefill for AR, and after
+    prefill AND the first draft for chain/CAST (just before the first verify); it closes
+    after the final truncation. draft + verify + overhead = decode."""
+
+    ttft_ms: float = 0.0  # prompt prefill through the first token
+    prefill_ms: float = 0.0  # ttft + drafter feature-cache fill of the prompt
+    first_draft_ms: float = 0.0  # excluded from the window
+    decode_ms: float = 0.0
+    draft_ms: float = 0.0  # drafter calls + feature-cache appends, inside the window
+    verify_ms: float = 0.0  # target verify forwards
+    overhead_ms: float = 0.0  # top-k, tree, masks, walk, KV gather, stop checks
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    method: str
+    text: str
+    token_ids: list[int]  # new tokens only (the EOS token included when it ended the run)
+    finish_reason: str  # "eos" | "stop" | "length"
+    prompt_tokens: int
+    accept_lengths: list[int] = field(default_factory=list)  # committed R per round
+    budgets: list[int] = field(default_factory=list)  # tree size N per round
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.accept_lengths)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Mean committed tokens per verify round (R = A + 1; DFlash's tau)."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        """Decode window over every emitted new token (as dflash's benchmark counts)."""
+        return self.timings.decode_ms / len(self.token_ids) if self.token_ids else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 / self.decode_ms_per_token if self.decode_ms_per_token > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "num_rounds": self.num_rounds,
+            "accept_lengths": self.accept_lengths,
+            "mean_accept_length": self.mean_accept_length,
+            "budgets": self.budgets,
+            "decode_ms_per_token": self.decode_ms_per_token,
+            "tokens_per_s": self.tokens_per_s,
+            "timings": asdict(self.timings),
+        }

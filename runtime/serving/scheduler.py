@@ -1,0 +1,158 @@
+"""Continuous-batching scheduler: a bounded queue in front of a `BatchDecoder`.
+
+One thread owns the decoder. Between rounds it fails requests past their deadline,
+admits queued requests up to `max_batch` (prefill + first token), runs one batched
+round and reports new tokens / finished requests through each request's callbacks.
+`submit` never blocks: a full queue raises `Overloaded` at once. `shutdown` stops
+admission, fails queued requests, gives in-flight requests `grace_s` to finish and
+then fails the rest — every request gets exactly one final callback.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from runtime.batch_decoder import BatchDecoder, GenRequest, LiveRequest
+
+LOG = logging.getLogger(__name__)
+
+
+class Overloaded(RuntimeError):
+    """The request queue is full."""
+
+
+@dataclass(slots=True)
+class Job:
+    request: GenRequest
+    on_tokens: Callable[[LiveRequest], None]  # after each round that added tokens
+    on_done: Callable[[LiveRequest | None, str | None], None]  # (finished state, None) or (None, error)
+    deadline: float
+    live: LiveRequest | None = None
+    sent: int = field(default=0)  # tokens already reported through on_tokens
+
+
+class Scheduler:
+    def __init__(self, decoder: BatchDecoder, max_batch: int, max_queue: int, request_timeout_s: float) -> None:
+        self.decoder = decoder
+        self.max_batch, self.max_queue, self.timeout_s = max_batch, max_queue, request_timeout_s
+        self._queue: collections.deque[Job] = collections.deque()
+        self._running: list[Job] = []
+        self._cv = threading.Condition()
+        self._accepting = True
+        self._stop_at: float | None = None  # shutdown: fail in-flight work after this time
+        self._thread = threading.Thread(target=self._loop, name="cast-scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenRequest, on_tokens, on_done) -> None:
+        with self._cv:
+            if not self._accepting:
+                raise Overloaded("server shutting down: not accepting new requests")
+            if len(self._queue) >= self.max_queue:
+                raise Overloaded(f"server overloaded: queue full (max {self.max_queue}); retry later")
+            self._queue.append(Job(request, on_tokens, on_done, time.monotonic() + self.timeout_s))
+            self._cv.notify()
+
+    def shutdown(self, grace_s: float) -> None:
+        """Finish or fail every request explicitly; returns when the loop has exited.
+
+        Idempotent: a second call only waits for the loop.
+        """
+        with self._cv:
+            first = self._accepting
+            self._accepting = False
+            queued, self._queue = list(self._queue), collections.deque()
+            if first:
+                self._stop_at = time.monotonic() + grace_s
+            self._cv.notify()
+        for job in queued:
+            _finish(job, None, "server shutting down: request was still queued")
+        if self._thread.is_alive():
+            self._thread.join(grace_s + 30.0)
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._running and self._accepting:
+                    self._cv.wait()
+                if not self._accepting and (not self._running or time.monotonic() >= self._stop_at):
+                    break
+                admit = []
+                while self._queue and len(self._running) + len(admit) < self.max_batch:
+                    admit.append(self._queue.popleft())
+                queued = list(self._queue)
+            self._expire(queued)
+            for job in admit:
+                self._admit(job)
+            self._round()
+        for job in list(self._running):
+            self._drop(job, "server shutting down: request aborted (it did not finish within the shutdown grace period)")
+
+    def _expire(self, queued: list[Job]) -> None:
+        now = time.monotonic()
+        late = [j for j in queued if now >= j.deadline]
+        if late:
+            with self._cv:
+                self._queue = collections.deque(j for j in self._queue if j not in late)
+        for job in late:
+            _finish(job, None, f"request timed out after {self.timeout_s:g} s while queued")
+        for job in [j for j in self._running if now >= j.deadline]:
+            self._drop(job, f"request timed out after {self.timeout_s:g} s")
+
+    def _admit(self, job: Job) -> None:
+        try:
+            job.live = self.decoder.add(job.request)
+        except Exception as err:  # a bad request must not take the server down
+            LOG.exception("prefill failed for %s", job.request.request_id)
+            _finish(job, None, f"request failed: {err}")
+            return
+        if job.live.done:
+            _finish(job, job.live, None)
+        else:
+            self._running.append(job)
+
+    def _round(self) -> None:
+        if not self._running:
+            return
+        try:
+            self.decoder.step()
+        except Exception as err:
+            LOG.exception("decoding round failed")
+            for job in list(self._running):
+                self._drop(job, f"request failed: decoding round raised {type(err).__name__}: {err}")
+            return
+        for job in list(self._running):
+            if job.live.done:
+                self._running.remove(job)
+                _finish(job, job.live, None)
+            elif len(job.live.tokens) > job.sent:
+                _report(job)
+
+    def _drop(self, job: Job, error: str) -> None:
+        if job.live in self.decoder.active:
+            self.decoder.active.remove(job.live)
+        if job in self._running:
+            self._running.remove(job)
+        _finish(job, None, error)
+
+
+def _report(job: Job) -> None:
+    try:
+        job.on_tokens(job.live)
+    except Exception:
+        LOG.exception("streaming callback failed for %s", job.request.request_id)
+    job.sent = len(job.live.tokens)
+
+
+def _finish(job: Job, live: LiveRequest | None, error: str | None) -> None:
+    try:
+        job.on_done(live, error)
+    except Exception:
+        LOG.exception("completion callback failed for %s", job.request.request_id)

@@ -1,0 +1,170 @@
+"""Launch the real `tritonserver` shipped in the `nvidia-pytriton` wheel (CPU-only here).
+
+Mirrors what pytriton itself does (pytriton/triton.py `_prepare_triton_inference_server`):
+a backend directory whose `python/` holds the wheel's `libtriton_python.so` and
+`triton_python_backend_utils.py` plus the Python-backend stub built for THIS
+interpreter's version; the wheel's bundled libs on LD_LIBRARY_PATH. The stub embeds
+Python, so LD_LIBRARY_PATH must also name this interpreter's own libpython directory,
+or model load fails with an `_thread.RLock` AttributeError.
+
+Graceful shutdown: Triton only unloads a model (calling `finalize`) after its exit
+timeout when requests are still in flight, and by then it closes client connections
+without a response. So `terminate` first creates a drain file (path in the server's
+environment) that the model watches: it then finishes or explicitly fails its work
+within its own grace period, while Triton is still able to deliver the responses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import runtime
+
+
+def pytriton_dist() -> Path:
+    try:
+        import pytriton
+    except ImportError as err:
+        raise RuntimeError("tritonserver comes from the nvidia-pytriton wheel: pip install nvidia-pytriton") from err
+    return Path(pytriton.__file__).resolve().parent
+
+
+def prepare_backends(workdir: Path) -> Path:
+    """`<workdir>/backends/python/` with the wheel's Python backend and this Python's stub."""
+    dist = pytriton_dist() / "tritonserver"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise RuntimeError(f"nvidia-pytriton ships no Python-backend stub for Python {version}")
+    python = workdir / "backends" / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        link = python / name
+        if not link.exists():
+            link.symlink_to(dist / "backends" / "python" / name)
+    if not (python / stub.name).exists():
+        shutil.copy2(stub, python / stub.name)  # a copy, as pytriton does
+    return workdir / "backends"
+
+
+DRAIN_ENV = "CAST_DRAIN_FILE"  # the model drains (finish or fail in-flight) once this file exists
+
+
+def server_env(drain_file: Path | None = None) -> dict[str, str]:
+    env = os.environ.copy()
+    if drain_file is not None:
+        env[DRAIN_ENV] = str(drain_file)
+    libs = [sysconfig.get_config_var("LIBDIR"), str(pytriton_dist().parent / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = ":".join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    root = str(Path(runtime.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = ":".join([root, env.get("PYTHONPATH", "")]).rstrip(":")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return env
+
+
+def server_command(repo: Path, backends: Path, http_port: int, grpc_port: int, host: str = "127.0.0.1",
+                   exit_timeout_s: int = 30, verbose: bool = False) -> list[str]:
+    return [
+        str(pytriton_dist() / "tritonserver" / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        f"--http-address={host}", f"--http-port={http_port}",
+        f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+        "--allow-metrics=false",
+        f"--exit-timeout-secs={exit_timeout_s}",
+        "--strict-readiness=true",
+        f"--log-verbose={1 if verbose else 0}",
+    ]
+
+
+class TritonServer:
+    """A `tritonserver` child process: start, wait until ready, stop gracefully."""
+
+    def __init__(self, repo: str | Path, workdir: str | Path, http_port: int, grpc_port: int,
+                 host: str = "127.0.0.1", exit_timeout_s: int = 30, log_path: str | Path | None = None) -> None:
+        self.repo, self.workdir = Path(repo).resolve(), Path(workdir).resolve()
+        self.host, self.http_port, self.grpc_port = host, http_port, grpc_port
+        self.exit_timeout_s = exit_timeout_s
+        self.log_path = Path(log_path) if log_path else self.workdir / "tritonserver.log"
+        self.drain_file = self.workdir / "drain"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    def start(self) -> "TritonServer":
+        backends = prepare_backends(self.workdir)
+        cmd = server_command(self.repo, backends, self.http_port, self.grpc_port, self.host, self.exit_timeout_s)
+        self.drain_file.unlink(missing_ok=True)
+        log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            cmd, env=server_env(self.drain_file), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        return self
+
+    def ready(self) -> bool:
+        try:
+            url = f"http://{self.http_url}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; log:\n{self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"tritonserver not ready after {timeout_s:g} s; log:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def terminate(self) -> None:
+        """Graceful shutdown without waiting: the model stops admitting and finishes or fails
+        its in-flight requests with explicit errors (drain file) while Triton, on SIGTERM,
+        refuses new requests and waits for those responses before it exits."""
+        if self.process is not None and self.process.poll() is None:
+            self.drain_file.touch()
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float | None = None) -> int:
+        """SIGTERM (graceful: Triton drains in-flight requests), then SIGKILL on timeout."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.terminate()
+        try:
+            return self.process.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backend stubs (its own process group): the crash case."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,174 @@
+"""Batched CAST: ragged verify/draft parity and token-for-token greedy equivalence."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from cast_trtllm.sampling import SamplingParams
+from cast_trtllm.tree import build_tree
+from cast_trtllm.width import WidthPolicy
+from runtime.batch_decoder import POLICIES, BatchDecoder, BatchPolicy, GenRequest
+from runtime.batch_drafter import DFlashBatchDrafter
+from runtime.batch_forward import ragged_verify
+from runtime.decoder import DecodeConfig, Decoder
+from runtime.drafter.checkpoint import random_drafter
+from runtime.drafter.executor import DrafterExecutor
+from runtime.kv_cache import KVCache
+from runtime.serving.engine import random_target
+from runtime.target import TargetExecutor
+
+VOCAB, L = 64, 4
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_target(seed=3, vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return random_drafter(target.config, num_layers=1, block_size=L + 1, seed=4, init_std=0.3)
+
+
+def prompts(count: int, seed: int = 0) -> list[tuple[int, ...]]:
+    rng = np.random.default_rng(seed)
+    return [tuple(rng.integers(0, VOCAB, size=int(rng.integers(2, 24))).tolist()) for _ in range(count)]
+
+
+@functools.lru_cache(maxsize=None)
+def ar_greedy(target, prompt: tuple[int, ...], max_new: int) -> list[int]:
+    return Decoder(TargetExecutor(target), None).generate(list(prompt), DecodeConfig("ar", max_new_tokens=max_new)).token_ids
+
+
+class NoisyOracle:
+    """Drafter that knows each request's greedy continuation and proposes it with errors:
+    the true token is ranked 1st, 2nd or off the top-K at random, giving mixed acceptance."""
+
+    tap_layer_ids = (0,)  # committed rows are counted through the target's taps
+    num_draft_positions = L
+
+    def __init__(self, continuations: list[list[int]], seed: int) -> None:
+        self.pending = list(continuations)
+        self.rng = np.random.default_rng(seed)
+
+    def new_state(self, capacity: int) -> dict:
+        return {"ref": self.pending.pop(0), "length": 0}
+
+    def append_context(self, state: dict, taps) -> None:
+        state["length"] += taps.shape[0]
+
+    def draft(self, states, roots) -> torch.Tensor:
+        logits = torch.from_numpy(self.rng.normal(0, 1, (len(states), L, VOCAB))).float()
+        for b, state in enumerate(states):
+            for j in range(L):
+                pos = state["length"] + 1 + j
+                if pos < len(state["ref"]):
+                    logits[b, j, state["ref"][pos]] += [8.0, 2.5, -8.0][self.rng.choice(3, p=[0.6, 0.25, 0.15])]
+        return logits
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batched_greedy_equals_single_request_ar_for_every_policy(target, policy):
+    ps, max_new = prompts(8), 12
+    refs = [ar_greedy(target, p, max_new) for p in ps]
+    continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
+    # mixed per-request methods ride along with the policy's "auto" requests
+    methods = [("cast", None)] * 5 + [("chain", None), ("ar", None), ("cast", 3)]
+    reqs = [GenRequest(str(i), p, max_new, method=m, budget=n) for i, (p, (m, n)) in enumerate(zip(ps, methods))]
+    dec = BatchDecoder(target, NoisyOracle(continuations, seed=1), BatchPolicy(policy, fixed_width=12, uniform_width=4))
+    results = dec.generate(reqs)
+    assert [r.token_ids for r in results] == refs
+    lengths = [a for r in results for a in r.accept_lengths]
+    assert max(lengths) > 2 and min(lengths) == 1  # mixed acceptance
+
+
+def test_best_first_splits_the_shared_budget_unequally_and_caps_it(target):
+    ps = prompts(8, seed=5)
+    continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
+    dec = BatchDecoder(target, NoisyOracle(continuations, seed=2), BatchPolicy("best_first", mean_budget=3, max_width=7))
+    results = dec.generate([GenRequest(str(i), p, 8) for i, p in enumerate(ps)])
+    first = [r.budgets[0] for r in results]
+    assert sum(first) == 3 * 8 and max(first) <= 7 and len(set(first)) > 1
+
+
+def test_best_first_with_a_width_profile_uses_the_batched_stopping_rule(target):
+    # steep verify cost: Proposition 3 keeps only high-mass nodes, fewer than the cap allows
+    policy = WidthPolicy(buckets=(1, 4, 8), batch_sizes=(1, 8), bucket_ms=((10.0, 30.0, 60.0), (20.0, 60.0, 120.0)),
+                         intercept_ms=(5.0, 10.0), slope_ms=(6.0, 12.0), fixed_ms=(1.0, 2.0), rule="marginal")
+    ps = prompts(4, seed=6)
+    continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
+    dec = BatchDecoder(target, NoisyOracle(continuations, seed=3), BatchPolicy("best_first", width_policy=policy))
+    results = dec.generate([GenRequest(str(i), p, 8) for i, p in enumerate(ps)])
+    assert [r.token_ids for r in results] == [ar_greedy(target, p, 8) for p in ps]
+    assert all(sum(r.budgets) < 7 * len(r.budgets) for r in results)
+
+
+def test_ragged_verify_logits_equal_single_request_verify(target):
+    ps = prompts(3, seed=7)
+    rng = np.random.default_rng(0)
+    trees, packs, caches, singles = [], [], [], []
+    for p in ps:
+        ids = rng.integers(0, VOCAB, (L, 4))
+        lp = np.sort(np.log(rng.dirichlet(np.ones(4), L)), axis=1)[:, ::-1]
+        tree = build_tree(ids, lp, int(rng.integers(0, 9)))
+        pack = np.concatenate([[p[-1]], tree.tokens]).astype(np.int64)
+        single = TargetExecutor(target, (0, 1))
+        single.reset(64)
+        single.prefill(torch.tensor(p[:-1] or p))
+        singles.append(single.verify(torch.from_numpy(pack), tree))
+        ex = TargetExecutor(target, (0, 1))
+        ex.reset(64)
+        ex.prefill(torch.tensor(p[:-1] or p))
+        trees.append(tree), packs.append(pack), caches.append(ex.cache)
+    logits, taps = ragged_verify(target, caches, packs, trees, (0, 1))
+    torch.testing.assert_close(logits, torch.cat([s.logits for s in singles]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(taps, torch.cat([s.taps for s in singles]), rtol=1e-4, atol=1e-4)
+
+
+def test_batched_draft_equals_one_drafter_call_per_request(target, drafter):
+    batched = DFlashBatchDrafter(drafter, target)
+    states, singles, roots = [], [], []
+    for p in prompts(3, seed=8):
+        ex = TargetExecutor(target, drafter.config.target_layer_ids)
+        ex.reset(64)
+        taps = ex.prefill(torch.tensor(p)).taps
+        single = DrafterExecutor(drafter, target)
+        single.reset(64)
+        single.append_context(taps)
+        state = batched.new_state(64)
+        batched.append_context(state, taps)
+        states.append(state), singles.append(single), roots.append(p[0])
+    out = batched.draft(states, roots)  # [B, L, V]
+    want = torch.stack([s.draft(r) for s, r in zip(singles, roots)])
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert all(isinstance(s, KVCache) for s in states)
+
+
+def test_continuous_batching_requests_join_and_leave_between_rounds(target, drafter):
+    ps = prompts(6, seed=9)
+    dec = BatchDecoder(target, DFlashBatchDrafter(drafter, target), BatchPolicy("uniform", uniform_width=3))
+    limits = [3, 9, 5, 12, 1, 7]
+    live = {}
+    for i, (p, n) in enumerate(zip(ps, limits)):
+        live[i] = dec.add(GenRequest(str(i), p, n))
+        dec.step()  # a new request joins every round while others are mid-generation
+    while dec.active:
+        dec.step()
+    for i, (p, n) in enumerate(zip(ps, limits)):
+        assert live[i].tokens == ar_greedy(target, p, n)
+        assert live[i].finish_reason == "length"
+
+
+def test_sampled_requests_keep_their_own_seed_and_match_single_request_runs(target, drafter):
+    ps = prompts(4, seed=10)
+    params = [SamplingParams(temperature=0.8, top_k=20, seed=s) for s in (1, 2, 3, 4)]
+    dec = BatchDecoder(target, DFlashBatchDrafter(drafter, target), BatchPolicy("chain"))
+    batched = dec.generate([GenRequest(str(i), p, 10, sp) for i, (p, sp) in enumerate(zip(ps, params))])
+    single = Decoder(TargetExecutor(target, drafter.config.target_layer_ids), DrafterExecutor(drafter, target))
+    for p, sp, got in zip(ps, params, batched):
+        want = single.generate(list(p), DecodeConfig("chain", max_new_tokens=10, sampling=sp))
+        assert got.token_ids == want.token_ids

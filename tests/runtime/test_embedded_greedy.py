@@ -1,0 +1,91 @@
+"""fp32 greedy on the embedded SmolLM2-135M target: chain and CAST emit exactly the AR
+token ids, and the KV cache after a CAST run equals a fresh prefill.
+
+The full matrix (8 prompts x 64 new tokens x chain + CAST 1/15/63, ~15 CPU-minutes on
+a shared 2-core box) is `slow`; the default run covers 2 prompts x 32 tokens.
+"""
+
+import pytest
+import torch
+
+from runtime.decoder import DecodeConfig, Decoder
+from runtime.drafter import DrafterExecutor, random_drafter
+from runtime.target import TargetExecutor
+
+from tests.runtime.doubles import ScriptedDrafter
+
+NEW_TOKENS = 64
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 5, 8,",
+    "Q: What is the boiling point of water?\nA:",
+    "import numpy as np\n\n",
+    "Translate to German: good morning",
+    "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n",
+]
+METHODS = [("chain", 1), ("cast", 1), ("cast", 15), ("cast", 63)]
+_AR: dict[str, list[int]] = {}
+
+
+def _ids(embedded, prompt):
+    return embedded.tokenizer(prompt).input_ids
+
+
+def _ar(embedded, prompt):
+    if prompt not in _AR:
+        dec = Decoder(TargetExecutor(embedded.model), None)
+        _AR[prompt] = dec.generate(_ids(embedded, prompt), DecodeConfig("ar", max_new_tokens=NEW_TOKENS)).token_ids
+    return _AR[prompt]
+
+
+@pytest.fixture(scope="module")
+def random_decoder(embedded):
+    drafter = DrafterExecutor(random_drafter(embedded.model.config, seed=0), embedded.model)
+    return Decoder(TargetExecutor(embedded.model, drafter.tap_layer_ids), drafter)
+
+
+def _assert_kv_equals_fresh_prefill(embedded, target, tokens):
+    n = target.prefix_len
+    fresh = TargetExecutor(embedded.model)
+    fresh.reset(n)
+    fresh.prefill(torch.tensor(tokens[:n]))
+    for buf in ("k", "v"):
+        diff = (getattr(target.cache, buf)[:, :, :n] - getattr(fresh.cache, buf)[:, :, :n]).abs().max().item()
+        assert diff <= 1e-4, (buf, diff)
+
+
+def _check(embedded, decoder, prompt, method, budget, new_tokens):
+    ids = _ids(embedded, prompt)
+    out = decoder.generate(ids, DecodeConfig(method, budget, max_new_tokens=new_tokens))
+    assert out.token_ids == _ar(embedded, prompt)[:new_tokens], (prompt, method, budget)
+    return ids, out
+
+
+@pytest.mark.parametrize("method, budget", METHODS)
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_greedy_chain_and_cast_equal_ar(embedded, random_decoder, prompt, method, budget):
+    ids, out = _check(embedded, random_decoder, prompt, method, budget, NEW_TOKENS // 2)
+    if method == "cast" and budget == 15:
+        _assert_kv_equals_fresh_prefill(embedded, random_decoder.target, ids + out.token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, budget", METHODS)
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_chain_and_cast_equal_ar_on_8_prompts_x_64_tokens(embedded, random_decoder, prompt, method, budget):
+    _check(embedded, random_decoder, prompt, method, budget, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("method, budget", [("chain", 1), ("cast", 15)])
+def test_greedy_with_long_accepted_paths_equals_ar_and_kv_equals_fresh_prefill(embedded, method, budget):
+    prompt = PROMPTS[2]
+    ids, ref = _ids(embedded, prompt), _ar(embedded, prompt)
+    vocab = embedded.model.config.vocab_size
+    drafter = ScriptedDrafter(len(ids), ref, vocab, block_size=16, tap_layer_ids=(15,))
+    dec = Decoder(TargetExecutor(embedded.model, (15,)), drafter)
+    out = dec.generate(ids, DecodeConfig(method, budget, max_new_tokens=NEW_TOKENS))
+    assert out.token_ids == ref
+    assert out.mean_accept_length > 2  # multi-token rounds, incl. off-rank branches for CAST
+    _assert_kv_equals_fresh_prefill(embedded, dec.target, ids + out.token_ids)
