@@ -25,6 +25,7 @@ from cast_trtllm.width import choose_buckets, detect_cliffs, fit_affine
 
 SCHEMA_VERSION = 1
 REFERENCE_DIR = Path(__file__).parent / "profiles" / "reference"
+MEASURED_DIR = Path(__file__).parent / "profiles" / "measured"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +273,21 @@ def save_profile(profile: WidthProfile, path: str | Path) -> None:
 def reference_profiles() -> list[Path]:
     """The shipped reference profiles (paper tables), sorted by file name."""
     return sorted(REFERENCE_DIR.glob("*.json"))
+
+
+def find_measured_profile(target: str, dtype: str, device_kind: str) -> Path | None:
+    """The shipped probe-measured profile for (target, dtype, cpu|cuda), if there is one.
+
+    Only probe output (provenance.source == "measured") qualifies; reference tables of the
+    paper never stand in for the deployed engine.
+    """
+    for path in sorted(MEASURED_DIR.glob("*.json")):
+        profile = load_profile(path)
+        on_cpu = profile.sku == "cpu"
+        if (profile.target == target and profile.dtype == dtype and on_cpu == (device_kind == "cpu")
+                and profile.provenance.source == "measured"):
+            return path
+    return None
 
 
 # -- parsing helpers ---------------------------------------------------------------------

@@ -24,9 +24,10 @@ _DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False), default
                          help="Evaluation data directory (default: ../shared/data next to the repo).")
 _DRAFTER = click.option("--drafter", type=click.Path(file_okay=False), default=None,
                         help="DFlash drafter checkpoint dir (default: speculative_model of "
-                             "--extra-llm-api-options).")
+                             "--extra-llm-api-options, else the shipped head runtime/drafter/default).")
 _PROFILE = click.option("--width-profile", type=click.Path(dir_okay=False), default=None,
-                        help="Width profile JSON for cast:auto (default: width_profile of --extra-llm-api-options).")
+                        help="Width profile JSON for cast:auto (default: width_profile of --extra-llm-api-options, "
+                             "else the probe-measured profile shipped for this target).")
 _OPTIONS = click.option("--extra-llm-api-options", "options_path", type=click.Path(dir_okay=False), default=None,
                         help="YAML with a TensorRT-LLM-style speculative_config block (decoding_type CAST).")
 _NUM = click.option("--num-prompts", type=int, default=None, help="Use the first N prompts (default: all).")
@@ -82,9 +83,9 @@ def _session(drafter: str | None, width_profile: str | None, spec: SpeculativeCo
              ignore_eos: bool, no_chat: bool, relaxed: bool = False):
     from perf.session import load_session
 
-    drafter = drafter or (spec.speculative_model if spec else None)
-    if drafter is None:
-        raise click.UsageError("no DFlash drafter: pass --drafter DIR or speculative_model in --extra-llm-api-options")
+    from runtime.cli import DEFAULT_DRAFTER
+
+    drafter = drafter or (spec.speculative_model if spec else None) or str(DEFAULT_DRAFTER)
     width_profile = width_profile or (spec.width_profile if spec else None)
     decoder_cls = None
     if relaxed:

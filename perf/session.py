@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from cast_trtllm.profile import WidthProfile, load_profile
+from cast_trtllm.profile import WidthProfile, find_measured_profile, load_profile
 from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.width import WidthPolicy
 from perf.harness import MethodSpec
@@ -90,6 +90,8 @@ def load_session(drafter_dir: str | Path, width_profile: str | Path | None = Non
     target = TargetExecutor(loaded.model, draft.tap_layer_ids)
     cls = decoder_cls or Decoder
     decoder = cls(target, draft, loaded.tokenizer, () if ignore_eos else loaded.eos_token_ids)
+    if width_profile is None:  # the probe-measured profile shipped for this target, if any
+        width_profile = find_measured_profile(loaded.name, "float32", "cpu")
     profile = load_profile(width_profile) if width_profile is not None else None
     engine = {"backend": "cast-trtllm torch executor", "model": loaded.name, "dtype": "float32",
               "device": "cpu", "drafter": str(drafter_dir), "block_positions_L": draft.num_draft_positions,

@@ -60,20 +60,47 @@ def _drafter_for(path: Path | None, target, seed: int):
         raise click.BadParameter(str(err), param_hint="--drafter") from err
 
 
-def _width_policy(profile_path: Path | None, prompt_len: int):
-    if profile_path is None:
-        raise click.BadParameter(
-            "--budget auto needs --profile PATH: a width profile measured for this device "
-            "and target (not available yet for the embedded CPU default)",
-            param_hint="--budget",
-        )
-    from cast_trtllm.profile import load_profile
+def _width_policy(profile_path: Path | None, prompt_len: int, rule: str, device, dtype, target_name: str):
+    """The width policy of `--budget auto`: from --profile, else the shipped measured one."""
+    from cast_trtllm.profile import find_measured_profile, load_profile
     from cast_trtllm.width import WidthPolicy
 
+    if profile_path is None:
+        profile_path = find_measured_profile(target_name, str(dtype).removeprefix("torch."), device.type)
+    if profile_path is None:
+        raise click.BadParameter(
+            f"--budget auto needs a width profile measured for this device and target; none is "
+            f"shipped for {target_name} / {dtype} / {device.type}. Measure one with "
+            "`cast-trtllm probe` and pass it as --profile PATH",
+            param_hint="--budget",
+        )
     try:
-        return WidthPolicy.from_profile(load_profile(profile_path), prefix_len=prompt_len)
+        return WidthPolicy.from_profile(load_profile(profile_path), prefix_len=prompt_len, rule=rule)
     except (ValueError, OSError) as err:
         raise click.BadParameter(str(err), param_hint="--profile") from err
+
+
+def _apply_llm_api_options(path: Path | None, method: str, budget, drafter_path, profile_path):
+    """Overlay a TensorRT-LLM-style `speculative_config` YAML on the flags."""
+    if path is None:
+        return method, budget, drafter_path, profile_path
+    from cast_trtllm.llm_api_options import load_llm_api_options
+
+    try:
+        spec = load_llm_api_options(path).speculative_config
+    except (ValueError, OSError) as err:
+        raise click.BadParameter(str(err), param_hint="--extra-llm-api-options") from err
+    if spec is None:
+        return method, budget, drafter_path, profile_path
+    if spec.method == "cast" and spec.budget != "auto" and spec.budget < 1:
+        raise click.BadParameter("speculative_config.budget must be >= 1 or 'auto'",
+                                 param_hint="--extra-llm-api-options")
+    return (
+        spec.method,
+        spec.budget,
+        Path(spec.speculative_model) if spec.speculative_model else drafter_path,
+        Path(spec.width_profile) if spec.width_profile else profile_path,
+    )
 
 
 def _summary(result) -> str:
@@ -100,6 +127,12 @@ def _summary(result) -> str:
               help="CAST tree budget N (nonroot nodes per verify), or 'auto' for the width policy.")
 @click.option("--profile", "profile_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Width profile JSON used by --budget auto.")
+@click.option("--width-rule", type=click.Choice(["table", "marginal"]), default="table", show_default=True,
+              help="--budget auto rule: 'table' maximizes (1+g(N))/latency over the profile's measured "
+                   "buckets (exact at cliffs); 'marginal' is Theorem 2's stopping rule on the fitted slope.")
+@click.option("--extra-llm-api-options", "llm_api_options", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="TensorRT-LLM-style YAML whose speculative_config (decoding_type CAST|DFlash, "
+                                 "speculative_model, budget, width_profile) overrides the flags above.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Maximum number of new tokens.")
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
@@ -120,13 +153,15 @@ def _summary(result) -> str:
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch CPU threads (default: torch's choice; 1 is faster on a busy shared CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + summary.")
-def generate(prompt, method, budget, profile_path, max_new_tokens, temperature, top_k, top_p, seed,
+def generate(prompt, method, budget, profile_path, width_rule, llm_api_options, max_new_tokens, temperature, top_k, top_p, seed,
              stop_strings, drafter_path, chat, device, dtype, threads, as_json) -> None:
     """Generate text with the embedded SmolLM2-135M target (lossless speculative decoding)."""
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="--prompt")
     if any(not s for s in stop_strings):
         raise click.BadParameter("stop strings must be non-empty", param_hint="--stop")
+    method, budget, drafter_path, profile_path = _apply_llm_api_options(
+        llm_api_options, method, budget, drafter_path, profile_path)
     from cast_trtllm.sampling import SamplingParams
     from runtime.decoder import DecodeConfig, Decoder
     from runtime.drafter import DrafterExecutor
@@ -150,7 +185,9 @@ def generate(prompt, method, budget, profile_path, max_new_tokens, temperature, 
         raise click.BadParameter(
             f"the prompt has {len(prompt_ids)} tokens; the context window holds {window}", param_hint="--prompt"
         )
-    policy = _width_policy(profile_path, len(prompt_ids)) if method == "cast" and budget == "auto" else None
+    policy = None
+    if method == "cast" and budget == "auto":
+        policy = _width_policy(profile_path, len(prompt_ids), width_rule, torch_device, torch_dtype, loaded.name)
     drafter = None
     if method != "ar":
         drafter = DrafterExecutor(_drafter_for(drafter_path, loaded.model, seed), loaded.model)

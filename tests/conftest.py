@@ -8,6 +8,11 @@ import os
 import pytest
 import torch
 
+# Triton kernels run through the interpreter where there is no CUDA device. The variable is
+# read when triton is first imported, so it is set here, before any test module loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # One intra-op thread: on a small shared CPU, extra OpenMP threads spin on barriers and
 # make small matmuls 5-15x slower. Override with CAST_TEST_THREADS.
 torch.set_num_threads(int(os.environ.get("CAST_TEST_THREADS", "1")))

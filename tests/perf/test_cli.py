@@ -16,11 +16,13 @@ def test_prepare_dataset_writes_trtllm_bench_jsonl(tmp_path):
     assert [r.output_tokens for r in read_requests(out)] == [32] * 4
 
 
-def test_bench_without_a_drafter_says_how_to_give_one(tmp_path):
+def test_bench_with_a_missing_drafter_names_the_checkpoint(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"task_id": 0, "prompt": "hi", "output_tokens": 4}\n')
-    result = CliRunner().invoke(bench, ["--dataset", str(data), "--methods", "ar,chain"])
-    assert result.exit_code != 0 and "--drafter" in result.output
+    missing = tmp_path / "no-such-head"
+    result = CliRunner().invoke(bench, ["--dataset", str(data), "--methods", "ar,chain", "--drafter", str(missing)])
+    assert result.exit_code != 0 and "no-such-head" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_bench_rejects_relaxed_rules_at_temperature_zero(tmp_path):
