@@ -42,13 +42,12 @@ from cast_trtllm.verify import greedy_walk
 from engine_builder.skus import SkuSpec, load_sku
 from runtime.batch_drafter import DFlashBatchDrafter
 from runtime.batch_forward import ragged_verify
-from runtime.drafter import DrafterExecutor, load_drafter, random_drafter
+from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter, random_drafter
 from runtime.kv_cache import KVCache
 from runtime.model.llama import LlamaTarget
 from runtime.target import TargetExecutor
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DRAFTER = REPO / "runtime" / "drafter" / "default"
 PREFIX_TEXT = REPO / "README.md"
 DEFAULT_PACKED = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

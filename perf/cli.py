@@ -83,7 +83,7 @@ def _session(drafter: str | None, width_profile: str | None, spec: SpeculativeCo
              ignore_eos: bool, no_chat: bool, relaxed: bool = False):
     from perf.session import load_session
 
-    from runtime.cli import DEFAULT_DRAFTER
+    from runtime.drafter import DEFAULT_DRAFTER
 
     drafter = drafter or (spec.speculative_model if spec else None) or str(DEFAULT_DRAFTER)
     width_profile = width_profile or (spec.width_profile if spec else None)

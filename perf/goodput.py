@@ -179,9 +179,8 @@ def format_goodput(cells: Sequence[dict[str, Any]], markdown: bool = False) -> s
 
 def plot_goodput(cells: Sequence[dict[str, Any]], out: str | Path) -> Path:
     """Goodput vs B, one line per policy (paper Fig. 7)."""
-    import matplotlib
+    from perf.plots import save_figure  # first: it selects the Agg backend
 
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -193,12 +192,7 @@ def plot_goodput(cells: Sequence[dict[str, Any]], out: str | Path) -> Path:
     ax.set_ylabel("goodput (committed tokens / decode s)")
     ax.set_title("Goodput under load by allocation policy")
     ax.legend()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120, format="png")
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -245,7 +239,7 @@ def main(batch_sizes, policies, dataset, num_requests, max_new_tokens, out, plot
     from perf.datasets import DatasetError, load_dataset
     from perf.report import machine_info, percentiles
     from runtime.batch_drafter import DFlashBatchDrafter
-    from runtime.cli import DEFAULT_DRAFTER
+    from runtime.drafter import DEFAULT_DRAFTER
     from runtime.drafter import load_drafter
     from runtime.embedded import encode_prompt, load_embedded
 

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from cast_trtllm.profile import WidthProfile  # noqa: E402
 
 
-def _save(fig: plt.Figure, out: str | Path) -> Path:
+def save_figure(fig: plt.Figure, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -50,7 +50,7 @@ def plot_width_sweep(
     ax.set_ylabel("gain over chain (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_verify_latency(
@@ -77,7 +77,7 @@ def plot_verify_latency(
     ax.set_ylabel(f"verify latency / latency at n={relative_to}")
     ax.set_title("Verify cost vs packed tokens")
     ax.legend(fontsize=7)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_accept_histograms(
@@ -97,4 +97,4 @@ def plot_accept_histograms(
         ax.set_title(f"{label}: mean R = {mean:.2f} over {len(values)} rounds", fontsize=9)
         ax.set_ylabel("share")
     axes[-1, 0].set_xlabel("committed round length R = accepted + 1")
-    return _save(fig, out)
+    return save_figure(fig, out)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-DEFAULT_DRAFTER = Path(__file__).parent / "drafter" / "default"
+from runtime.drafter import DEFAULT_DRAFTER
 
 
 class BudgetType(click.ParamType):

@@ -1,11 +1,17 @@
 """DFlash block drafter: checkpoint format, model, and per-sequence executor."""
 
+from pathlib import Path
+
 from runtime.drafter.checkpoint import default_target_layer_ids, load_drafter, random_drafter, save_drafter
 from runtime.drafter.config import DrafterConfig
 from runtime.drafter.executor import DrafterExecutor
 from runtime.drafter.model import DFlashDrafter
 
+# the trained head shipped for the embedded target (see its README.md)
+DEFAULT_DRAFTER = Path(__file__).parent / "default"
+
 __all__ = [
+    "DEFAULT_DRAFTER",
     "DFlashDrafter",
     "DrafterConfig",
     "DrafterExecutor",

@@ -330,6 +330,7 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+@torch.enable_grad()  # callers may run under no_grad (e.g. a serving process)
 def train(
     drafter: Any,
     target: FrozenTarget,

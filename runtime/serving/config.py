@@ -18,7 +18,7 @@ MODELS = ("embedded", "random")
 class ServingConfig:
     # engine
     model: str = "embedded"  # "embedded" (SmolLM2-135M) or "random" (tiny seeded test model)
-    drafter_dir: str = ""  # DFlash checkpoint directory; "" = a random (untrained) drafter
+    drafter_dir: str = ""  # DFlash checkpoint dir; "" = the shipped head (embedded) or a random one
     block_size: int = 16  # random drafter only: L + 1
     policy: str = "best_first"  # batch policy for requests whose budget is "auto"
     mean_budget: int = 4  # best_first: shared budget M = mean_budget * B (no profile)

@@ -17,7 +17,7 @@ from cast_trtllm.profile import load_profile
 from cast_trtllm.width import WidthPolicy
 from runtime.batch_decoder import BatchDecoder, BatchPolicy
 from runtime.batch_drafter import DFlashBatchDrafter
-from runtime.drafter.checkpoint import load_drafter, random_drafter
+from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter
 from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget, TargetConfig
 from runtime.serving.config import ServingConfig
@@ -72,7 +72,6 @@ def batch_policy(cfg: ServingConfig, prefix_len: int = 512) -> BatchPolicy:
 
 
 def build_engine(cfg: ServingConfig) -> Engine:
-    torch.set_grad_enabled(False)
     if cfg.model == "random":
         tokenizer = ByteTokenizer()
         target = random_target(cfg.seed)
@@ -88,8 +87,11 @@ def build_engine(cfg: ServingConfig) -> Engine:
         def encode(text: str) -> list[int]:
             return encode_prompt(tokenizer, text, cfg.chat)
 
-    if cfg.drafter_dir:
-        drafter = load_drafter(cfg.drafter_dir, target.config)
+    drafter_dir = cfg.drafter_dir
+    if not drafter_dir and cfg.model == "embedded" and (DEFAULT_DRAFTER / "config.json").is_file():
+        drafter_dir = str(DEFAULT_DRAFTER)  # the trained head shipped for the embedded target
+    if drafter_dir:
+        drafter = load_drafter(drafter_dir, target.config)
     else:
         drafter = random_drafter(target.config, block_size=cfg.block_size, seed=cfg.seed + 1, mask_token_id=mask, init_std=0.3)
     decoder = BatchDecoder(target, DFlashBatchDrafter(drafter, target), batch_policy(cfg), tokenizer, eos)

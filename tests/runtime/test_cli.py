@@ -28,7 +28,7 @@ def run(embedded, monkeypatch):
 def test_main_job_command_prints_text_and_summary(run):
     result = run("--prompt", "What is the capital of France?", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.output
-    from runtime.cli import DEFAULT_DRAFTER
+    from runtime.drafter import DEFAULT_DRAFTER
 
     shipped = (DEFAULT_DRAFTER / "config.json").is_file()
     assert ("random DFlash head" in result.stderr) != shipped  # warns only without a shipped head
@@ -81,9 +81,20 @@ def test_prompt_longer_than_the_context_window_is_rejected(run):
     assert result.exit_code == 2 and "context window holds 8192" in result.output
 
 
-def test_budget_auto_without_a_profile_says_what_is_missing(run):
-    result = run("--prompt", "hi", "--budget", "auto")
-    assert result.exit_code == 2 and "--budget auto needs --profile" in result.output
+def test_budget_auto_with_an_unreadable_profile_names_it(run, tmp_path):
+    bad = tmp_path / "profile.json"
+    bad.write_text("{not json")
+    result = run("--prompt", "hi", "--budget", "auto", "--profile", str(bad))
+    assert result.exit_code == 2 and "--profile" in result.output and "Traceback" not in result.output
+
+
+def test_budget_auto_uses_the_shipped_measured_cpu_profile():
+    from cast_trtllm.profile import find_measured_profile, load_profile
+    from runtime.embedded import MODEL_NAME
+
+    path = find_measured_profile(MODEL_NAME, "float32", "cpu")
+    assert path is not None and load_profile(path).provenance.source == "measured"
+    assert find_measured_profile(MODEL_NAME, "float32", "cuda") is None  # a CPU curve never stands in for a GPU
 
 
 def test_drafter_problems_are_named(run, tmp_path):
