@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The CPU test suite (GPU / TensorRT cases skip themselves). Extra arguments go to pytest,
-# e.g. `./test.sh -m slow` for the long cases.
+# The whole CPU test suite (GPU / TensorRT cases skip themselves). Extra arguments go to
+# pytest, e.g. `./test.sh -m "not slow"` for the quick tier.
 set -uo pipefail
 source "$(dirname "$0")/scripts/bootstrap.sh"
 cd "$(dirname "$0")"
