@@ -12,9 +12,9 @@ from typing import Protocol, Sequence
 import torch
 
 from runtime.batch_forward import batched_draft
+from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
 from runtime.kv_cache import KVCache
-from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget
 
 
@@ -31,12 +31,10 @@ class BatchDraftSource(Protocol):
 
 class DFlashBatchDrafter:
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
-        cfg = drafter.config
-        cfg.check_fits(target.config)
+        self.drafter, self.rotary = bind_to_target(drafter, target)
+        cfg = self.drafter.config
         self.device, self.dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
-        self.drafter = drafter.to(device=self.device, dtype=self.dtype)
-        self.target = target  # embeddings and lm_head are the target's
-        self.rotary = Rotary(default_inv_freq(cfg.head_dim, cfg.rope_theta)).to(self.device)
+        self.target = target
         self.tap_layer_ids = tuple(cfg.target_layer_ids)
         self.num_draft_positions = cfg.num_draft_positions
 

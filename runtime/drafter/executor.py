@@ -16,14 +16,22 @@ from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget
 
 
+def bind_to_target(drafter: DFlashDrafter, target: LlamaTarget) -> tuple[DFlashDrafter, Rotary]:
+    """Check that the drafter fits the target, move it to the target's device and dtype,
+    and build its RoPE there (embeddings and lm_head stay the target's)."""
+    cfg = drafter.config
+    cfg.check_fits(target.config)
+    weight = target.lm_head.weight
+    rotary = Rotary(default_inv_freq(cfg.head_dim, cfg.rope_theta)).to(weight.device)
+    return drafter.to(device=weight.device, dtype=weight.dtype), rotary
+
+
 class DrafterExecutor:
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
-        cfg = drafter.config
-        cfg.check_fits(target.config)
+        self.drafter, self.rotary = bind_to_target(drafter, target)
+        cfg = self.drafter.config
         self.device, self.dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
-        self.drafter = drafter.to(device=self.device, dtype=self.dtype)
-        self.target = target  # embeddings and lm_head are the target's
-        self.rotary = Rotary(default_inv_freq(cfg.head_dim, cfg.rope_theta))
+        self.target = target
         self.cache: KVCache | None = None
         self._mask_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64, device=self.device)
 
