@@ -18,7 +18,8 @@ from runtime.serving.server import TritonServer
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Model repository directory to write.")
 @click.option("--model", type=click.Choice(MODELS), default="embedded", show_default=True,
               help="Target: the embedded SmolLM2-135M, or a tiny seeded random model (tests).")
-@click.option("--drafter", "drafter_dir", default="", help="DFlash checkpoint dir (default: random drafter).")
+@click.option("--drafter", "drafter_dir", default="",
+              help="DFlash checkpoint dir (default: the shipped head for the embedded model, else a random one).")
 @click.option("--policy", type=click.Choice(POLICIES), default="best_first", show_default=True,
               help="Batch width policy for requests with budget 'auto'.")
 @click.option("--mean-budget", type=int, default=4, show_default=True, help="best_first: shared budget per request.")
@@ -36,10 +37,26 @@ from runtime.serving.server import TritonServer
               help="Seconds from arrival to the last token before a request fails.")
 @click.option("--shutdown-grace", "shutdown_grace_s", type=float, default=10.0, show_default=True,
               help="Seconds in-flight requests get to finish on shutdown.")
+@click.option("--extra-llm-api-options", "llm_api_options", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="TensorRT-LLM-style YAML: speculative_config.speculative_model and "
+                                 "width_profile override --drafter and --profile.")
 @click.option("--decoupled/--no-decoupled", default=False, show_default=True,
               help="Streaming mode: one response per decoding round (gRPC stream / generate_stream).")
-def triton_repo(out: str, decoupled: bool, **settings) -> None:
+def triton_repo(out: str, decoupled: bool, llm_api_options: str | None, **settings) -> None:
     """Write a Triton Inference Server model repository serving batched CAST."""
+    if llm_api_options:
+        from cast_trtllm.llm_api_options import load_llm_api_options
+
+        try:
+            spec = load_llm_api_options(llm_api_options).speculative_config
+        except (ValueError, OSError) as err:
+            raise click.BadParameter(str(err), param_hint="--extra-llm-api-options") from err
+        if spec is not None:
+            # absolute: the server loads the model from its own working directory
+            if spec.speculative_model:
+                settings["drafter_dir"] = str(Path(spec.speculative_model).resolve())
+            if spec.width_profile:
+                settings["profile"] = str(Path(spec.width_profile).resolve())
     try:
         cfg = ServingConfig(**settings)
     except ValueError as err:
