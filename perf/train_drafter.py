@@ -67,35 +67,21 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def make_drafter(args: argparse.Namespace, target_cfg):
-    """Random N(0, 0.02) head, norms at 1 (DFlash's init)."""
-    from runtime.drafter import DFlashDrafter, DrafterConfig
+    """Random N(0, 0.02) head, norms at 1 (DFlash's init), ready to train."""
+    from runtime.drafter import random_drafter
 
-    cfg = DrafterConfig(
-        hidden_size=target_cfg.hidden_size,
-        num_attention_heads=target_cfg.num_heads,
-        num_key_value_heads=target_cfg.num_kv_heads,
-        head_dim=target_cfg.head_dim,
-        intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.num_layers,
-        vocab_size=target_cfg.vocab_size,
+    drafter = random_drafter(
+        target_cfg,
+        num_layers=args.num_layers,
         block_size=args.block_size,
+        target_layer_ids=args.draft_layer_ids,
+        seed=args.seed,
         mask_token_id=MASK_TOKEN_ID,
-        target_layer_ids=tuple(args.draft_layer_ids),
-        rms_norm_eps=target_cfg.rms_norm_eps,
+        intermediate_size=args.intermediate_size,
         rope_theta=args.rope_theta,
-        num_target_layers=target_cfg.num_layers,
         extra={"training_prompt_sources": {k: v.licence for k, v in T.PERMISSIVE_SOURCES.items()}},
     )
-    cfg.check_fits(target_cfg)
-    drafter = DFlashDrafter(cfg)
-    gen = torch.Generator().manual_seed(args.seed)
-    with torch.no_grad():
-        for name, param in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return drafter
+    return drafter.train().requires_grad_(True)
 
 
 def save_fp16(drafter, directory: Path, extra: dict) -> None:

@@ -38,19 +38,24 @@ def random_drafter(
     seed: int = 0,
     mask_token_id: int = 0,
     init_std: float = 0.02,
+    intermediate_size: int | None = None,
+    rope_theta: float | None = None,
+    extra: dict | None = None,
 ) -> DFlashDrafter:
     """An untrained drafter shaped for `target` (weights ~ N(0, init_std), norms = 1).
 
     Its proposals are nearly useless (acceptance near zero); it exists to exercise the
-    runtime and as a starting point for training.
+    runtime and as a starting point for training. MLP width defaults to the target's and
+    RoPE base to the config default; `extra` goes to config.json as is.
     """
+    optional = {"rope_theta": rope_theta, "extra": extra}
     ids = list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(target.num_layers, num_layers)
     cfg = DrafterConfig(
         hidden_size=target.hidden_size,
         num_attention_heads=target.num_heads,
         num_key_value_heads=target.num_kv_heads,
         head_dim=target.head_dim,
-        intermediate_size=target.intermediate_size,
+        intermediate_size=intermediate_size or target.intermediate_size,
         num_hidden_layers=num_layers,
         vocab_size=target.vocab_size,
         block_size=block_size,
@@ -58,6 +63,7 @@ def random_drafter(
         target_layer_ids=tuple(ids),
         rms_norm_eps=target.rms_norm_eps,
         num_target_layers=target.num_layers,
+        **{k: v for k, v in optional.items() if v is not None},
     )
     cfg.check_fits(target)
     drafter = DFlashDrafter(cfg)
