@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "prepare-dataset": "perf.cli:prepare_dataset",
     "triton-repo": "runtime.serving.cli:triton_repo",
     "serve": "runtime.serving.cli:serve",
+    "train-drafter": "perf.train_drafter:train_drafter",
 }
 
 

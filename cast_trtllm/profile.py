@@ -275,19 +275,23 @@ def reference_profiles() -> list[Path]:
     return sorted(REFERENCE_DIR.glob("*.json"))
 
 
-def find_measured_profile(target: str, dtype: str, device_kind: str) -> Path | None:
+def find_measured_profile(target: str, dtype: str, device_kind: str, device: str | None = None) -> Path | None:
     """The shipped probe-measured profile for (target, dtype, cpu|cuda), if there is one.
 
     Only probe output (provenance.source == "measured") qualifies; reference tables of the
-    paper never stand in for the deployed engine.
+    paper never stand in for the deployed engine. Where several match, the one measured
+    on `device` (the probe's device name, e.g. "cpu (Intel(R) Xeon(R) Processor)") wins;
+    otherwise the first by file name.
     """
+    matches = []
     for path in sorted(MEASURED_DIR.glob("*.json")):
         profile = load_profile(path)
         on_cpu = profile.sku == "cpu"
         if (profile.target == target and profile.dtype == dtype and on_cpu == (device_kind == "cpu")
                 and profile.provenance.source == "measured"):
-            return path
-    return None
+            matches.append((profile.device == device, path))
+    exact = [path for same, path in matches if same]
+    return (exact or [path for _, path in matches] or [None])[0]
 
 
 # -- parsing helpers ---------------------------------------------------------------------

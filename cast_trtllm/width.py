@@ -191,6 +191,7 @@ class WidthPolicy:
     rank_cap: int = 8                         # K: tokens kept per drafted position
     min_budget: int = 0
     max_budget: int | None = None             # None: widest bucket - 1
+    mass_exponent: float = 1.0                # calibration: a node's acceptance ~= rho ** exponent
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -210,6 +211,8 @@ class WidthPolicy:
                              f"({nb}, {len(self.buckets)}), got shape {table.shape}")
         if self.rank_cap < 1:
             raise ValueError(f"WidthPolicy.rank_cap must be >= 1, got {self.rank_cap}")
+        if not self.mass_exponent > 0:
+            raise ValueError(f"WidthPolicy.mass_exponent must be > 0, got {self.mass_exponent}")
         widest = self.buckets[-1] - 1
         if self.max_budget is None:
             object.__setattr__(self, "max_budget", widest)
@@ -220,7 +223,7 @@ class WidthPolicy:
     @classmethod
     def from_profile(cls, profile: WidthProfile, prefix_len: int, rule: str = "table",
                      rank_cap: int = 8, min_budget: int = 0,
-                     max_budget: int | None = None) -> WidthPolicy:
+                     max_budget: int | None = None, mass_exponent: float = 1.0) -> WidthPolicy:
         """Bucket table of the profile's prefix bucket for `prefix_len`, all batch sizes."""
         prefix = profile.prefix_bucket(prefix_len)
         cols = [profile.packed_counts.index(b) for b in profile.buckets]
@@ -231,16 +234,19 @@ class WidthPolicy:
             intercept_ms=tuple(profile.fits[prefix][b].intercept_ms for b in batches),
             slope_ms=tuple(profile.fits[prefix][b].slope_ms for b in batches),
             fixed_ms=tuple(profile.fixed_ms(b) for b in batches),
-            rule=rule, rank_cap=rank_cap, min_budget=min_budget, max_budget=max_budget)
+            rule=rule, rank_cap=rank_cap, min_budget=min_budget, max_budget=max_budget,
+            mass_exponent=mass_exponent)
 
     def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
         """Budget for this round from the round's sorted prefix masses.
 
-        masses_desc: [U] descending node masses (batch > 1: pooled over the B requests).
+        masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
+        requests); they are calibrated here as rho ** mass_exponent (monotone, so the
+        order and hence the tree are unchanged; only how far it pays to grow it).
         """
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        rho = _as_masses(masses_desc)
+        rho = _as_masses(masses_desc) ** self.mass_exponent
 
         def row(values) -> float:  # linear in batch size between measured sizes
             return float(np.interp(batch, self.batch_sizes, values))

@@ -26,6 +26,7 @@ from torch import nn
 from plugins import onnx_schema
 from plugins.tree_attention import tree_attention_reference
 from runtime.drafter.model import DFlashDrafter
+from runtime.drafter.vocab import DraftHead
 from runtime.model.layers import Rotary, apply_rope, default_inv_freq
 from runtime.model.llama import LlamaTarget
 
@@ -180,6 +181,8 @@ class DraftGraph(nn.Module):
                              f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
         self.drafter, self.target, self.rotary = drafter, target, drafter_rotary(drafter)
         self.scale = drafter.config.head_dim ** -0.5
+        # a reduced draft vocabulary scores only its rows of the lm_head (-inf elsewhere)
+        self.head = None if drafter.d2t is None else DraftHead(target.lm_head.weight, drafter.d2t)
 
     def forward(self, block_ids, position_ids, context_keys, context_values):
         cfg = self.drafter.config
@@ -196,7 +199,8 @@ class DraftGraph(nn.Module):
             out = gqa_attention(q, keys, values, None, self.scale)  # no mask: non-causal block
             h = h + attn.o_proj(out.reshape(n, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return lm_head(self.target, self.drafter.norm(h[1:]))
+        hidden = self.drafter.norm(h[1:])
+        return lm_head(self.target, hidden) if self.head is None else self.head(hidden)
 
 
 class ContextGraph(nn.Module):

@@ -42,6 +42,7 @@ from cast_trtllm.verify import greedy_walk
 from engine_builder.skus import SkuSpec, load_sku
 from runtime.batch_drafter import DFlashBatchDrafter
 from runtime.batch_forward import ragged_verify
+from runtime.device import device_name
 from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter, random_drafter
 from runtime.kv_cache import KVCache
 from runtime.model.llama import LlamaTarget
@@ -272,20 +273,6 @@ def to_profile(tables: dict, settings: ProbeSettings, *, sku: str, device: str, 
 
 
 # ------------------------------------------------------------------------------ loading
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu ({model})"
-
-
 def load_target(spec: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaTarget, Any, str]:
     """`embedded` (runtime.embedded) or a Hugging Face model directory."""
     if spec == "embedded":

@@ -5,6 +5,7 @@
 - `plot_verify_latency`: verify latency relative to a reference packed count vs packed
   tokens n, one line per width profile (paper Fig. 2), cliffs marked.
 - `plot_accept_histograms`: committed round length R per method.
+- `plot_acceptance_report`: drafter replay R per budget per domain, and depth-1 reliability.
 """
 
 from __future__ import annotations
@@ -97,4 +98,30 @@ def plot_accept_histograms(
         ax.set_title(f"{label}: mean R = {mean:.2f} over {len(values)} rounds", fontsize=9)
         ax.set_ylabel("share")
     axes[-1, 0].set_xlabel("committed round length R = accepted + 1")
+    return save_figure(fig, out)
+
+
+def plot_acceptance_report(report: Mapping[str, Mapping], out: str | Path) -> Path:
+    """Left: replayed committed length R vs CAST budget per domain, the chain dashed.
+    Right: depth-1 reliability (mean drafter score vs hit rate per bin; paper Fig. 4b)."""
+    if not report:
+        raise ValueError("plot_acceptance_report needs at least one domain")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, (name, row) in enumerate(report.items()):
+        color = f"C{i}"
+        budgets = sorted(int(k.split(":")[1]) for k in row if k.startswith("cast:"))
+        left.plot(budgets, [row[f"cast:{n}"]["R"] for n in budgets], "o-", color=color, label=f"{name} CAST")
+        left.axhline(row["chain"]["R"], color=color, linestyle="--", label=f"{name} chain")
+        bins = row["depth1_reliability"]["bins"]
+        right.plot([b["mean_score"] for b in bins], [b["hit_rate"] for b in bins], "o-", color=color, label=name)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("CAST budget N (non-root nodes)")
+    left.set_ylabel("committed round length R")
+    left.set_title("Greedy replay on held-out prompts")
+    left.legend(fontsize=7)
+    right.plot([0, 1], [0, 1], color="gray", linewidth=0.8)
+    right.set_xlabel("drafter score (depth 1)")
+    right.set_ylabel("hit rate")
+    right.set_title("Depth-1 reliability")
+    right.legend(fontsize=7)
     return save_figure(fig, out)

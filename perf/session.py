@@ -15,6 +15,7 @@ from cast_trtllm.profile import WidthProfile, find_measured_profile, load_profil
 from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.width import WidthPolicy
 from perf.harness import MethodSpec
+from runtime.device import device_name
 
 
 @dataclass(slots=True)
@@ -37,7 +38,8 @@ class DecodeSession:
         if self.profile is None:
             raise ValueError("cast:auto needs a width profile: pass --width-profile PATH (or width_profile "
                              "in --extra-llm-api-options), e.g. the CPU probe under perf/results/")
-        return WidthPolicy.from_profile(self.profile, prompt_len, rank_cap=self.rank_cap)
+        return WidthPolicy.from_profile(self.profile, prompt_len, rank_cap=self.rank_cap,
+                                        mass_exponent=self.decoder.drafter.drafter.config.mass_exponent)
 
     def __call__(self, prompt_ids: Sequence[int], spec: MethodSpec, max_new_tokens: int,
                  sampling: SamplingParams):
@@ -91,7 +93,7 @@ def load_session(drafter_dir: str | Path, width_profile: str | Path | None = Non
     cls = decoder_cls or Decoder
     decoder = cls(target, draft, loaded.tokenizer, () if ignore_eos else loaded.eos_token_ids)
     if width_profile is None:  # the probe-measured profile shipped for this target, if any
-        width_profile = find_measured_profile(loaded.name, "float32", "cpu")
+        width_profile = find_measured_profile(loaded.name, "float32", "cpu", device_name(torch.device("cpu")))
     profile = load_profile(width_profile) if width_profile is not None else None
     engine = {"backend": "cast-trtllm torch executor", "model": loaded.name, "dtype": "float32",
               "device": "cpu", "drafter": str(drafter_dir), "block_positions_L": draft.num_draft_positions,

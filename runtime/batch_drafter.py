@@ -14,6 +14,7 @@ import torch
 from runtime.batch_forward import batched_draft
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
+from runtime.drafter.vocab import DraftHead
 from runtime.kv_cache import KVCache
 from runtime.model.llama import LlamaTarget
 
@@ -35,6 +36,7 @@ class DFlashBatchDrafter:
         cfg = self.drafter.config
         self.device, self.dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
         self.target = target
+        self.head = DraftHead(target.lm_head.weight, self.drafter.d2t)
         self.tap_layer_ids = tuple(cfg.target_layer_ids)
         self.num_draft_positions = cfg.num_draft_positions
 
@@ -55,4 +57,4 @@ class DFlashBatchDrafter:
         block = torch.full((len(roots), cfg.block_size), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = torch.as_tensor(list(roots), dtype=torch.int64, device=self.device)
         hidden = batched_draft(self.drafter, self.rotary, states, self.target.embed(block))  # [B, L, H]
-        return self.target.lm_head(hidden)
+        return self.head(hidden)

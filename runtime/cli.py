@@ -60,13 +60,16 @@ def _drafter_for(path: Path | None, target, seed: int):
         raise click.BadParameter(str(err), param_hint="--drafter") from err
 
 
-def _width_policy(profile_path: Path | None, prompt_len: int, rule: str, device, dtype, target_name: str):
+def _width_policy(profile_path: Path | None, prompt_len: int, rule: str, device, dtype, target_name: str,
+                  mass_exponent: float):
     """The width policy of `--budget auto`: from --profile, else the shipped measured one."""
     from cast_trtllm.profile import find_measured_profile, load_profile
     from cast_trtllm.width import WidthPolicy
+    from runtime.device import device_name
 
     if profile_path is None:
-        profile_path = find_measured_profile(target_name, str(dtype).removeprefix("torch."), device.type)
+        profile_path = find_measured_profile(target_name, str(dtype).removeprefix("torch."), device.type,
+                                             device_name(device))
     if profile_path is None:
         raise click.BadParameter(
             f"--budget auto needs a width profile measured for this device and target; none is "
@@ -75,7 +78,8 @@ def _width_policy(profile_path: Path | None, prompt_len: int, rule: str, device,
             param_hint="--budget",
         )
     try:
-        return WidthPolicy.from_profile(load_profile(profile_path), prefix_len=prompt_len, rule=rule)
+        return WidthPolicy.from_profile(load_profile(profile_path), prefix_len=prompt_len, rule=rule,
+                                        mass_exponent=mass_exponent)
     except (ValueError, OSError) as err:
         raise click.BadParameter(str(err), param_hint="--profile") from err
 
@@ -185,12 +189,13 @@ def generate(prompt, method, budget, profile_path, width_rule, llm_api_options, 
         raise click.BadParameter(
             f"the prompt has {len(prompt_ids)} tokens; the context window holds {window}", param_hint="--prompt"
         )
-    policy = None
-    if method == "cast" and budget == "auto":
-        policy = _width_policy(profile_path, len(prompt_ids), width_rule, torch_device, torch_dtype, loaded.name)
     drafter = None
     if method != "ar":
         drafter = DrafterExecutor(_drafter_for(drafter_path, loaded.model, seed), loaded.model)
+    policy = None
+    if method == "cast" and budget == "auto":
+        policy = _width_policy(profile_path, len(prompt_ids), width_rule, torch_device, torch_dtype, loaded.name,
+                               drafter.drafter.config.mass_exponent)
     target = TargetExecutor(loaded.model, drafter.tap_layer_ids if drafter else ())
     decoder = Decoder(target, drafter, loaded.tokenizer, loaded.eos_token_ids)
     config = DecodeConfig(

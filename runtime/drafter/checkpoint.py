@@ -4,7 +4,8 @@ A checkpoint directory holds `config.json` (see `DrafterConfig`) and
 `model.safetensors` with the keys `fc.weight`, `hidden_norm.weight`, `norm.weight` and
 `layers.{i}.{self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj,
 input_layernorm, post_attention_layernorm}.weight`. No embedding or lm_head: those are
-the target's.
+the target's. A head with a reduced draft vocabulary (`draft_vocab_size` in config.json)
+also holds `d2t` (int64, EAGLE-3 offsets; see `runtime.drafter.vocab`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from runtime.drafter.config import WEIGHTS_NAME, DrafterConfig
 from runtime.drafter.model import DFlashDrafter
+from runtime.drafter.vocab import D2T_KEY, d2t_from_ids, ids_from_d2t
 from runtime.model.llama import TargetConfig
 
 
@@ -41,14 +43,17 @@ def random_drafter(
     intermediate_size: int | None = None,
     rope_theta: float | None = None,
     extra: dict | None = None,
+    draft_vocab_ids: torch.Tensor | None = None,
 ) -> DFlashDrafter:
     """An untrained drafter shaped for `target` (weights ~ N(0, init_std), norms = 1).
 
     Its proposals are nearly useless (acceptance near zero); it exists to exercise the
     runtime and as a starting point for training. MLP width defaults to the target's and
     RoPE base to the config default; `extra` goes to config.json as is.
+    `draft_vocab_ids` ([Vd] sorted target ids) gives the head a reduced draft vocabulary.
     """
-    optional = {"rope_theta": rope_theta, "extra": extra}
+    dvs = None if draft_vocab_ids is None else int(draft_vocab_ids.numel())
+    optional = {"rope_theta": rope_theta, "extra": extra, "draft_vocab_size": dvs}
     ids = list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(target.num_layers, num_layers)
     cfg = DrafterConfig(
         hidden_size=target.hidden_size,
@@ -74,6 +79,8 @@ def random_drafter(
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, init_std, generator=gen)
+        if draft_vocab_ids is not None:
+            drafter.d2t.copy_(d2t_from_ids(draft_vocab_ids.sort().values))
     return drafter.eval().requires_grad_(False)
 
 
@@ -114,5 +121,17 @@ def load_drafter(
     if missing or unexpected or wrong:
         parts = [f"missing {missing}" if missing else "", f"unexpected {unexpected}" if unexpected else "", f"wrong shapes {wrong}" if wrong else ""]
         raise ValueError(f"drafter weights {weights_path} do not match its config: " + "; ".join(p for p in parts if p))
-    drafter.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+    if D2T_KEY in tensors:
+        _check_d2t(tensors[D2T_KEY], cfg.vocab_size, weights_path)
+    cast = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in tensors.items()}
+    drafter.load_state_dict(cast, assign=True)
     return drafter.eval().requires_grad_(False)
+
+
+def _check_d2t(d2t: torch.Tensor, vocab_size: int, path: Path) -> None:
+    ids = ids_from_d2t(d2t)
+    if d2t.dtype != torch.int64 or ids.min() < 0 or ids.max() >= vocab_size or (ids.diff() <= 0).any():
+        raise ValueError(
+            f"drafter {path}: `{D2T_KEY}` must be int64 offsets naming distinct, increasing target ids "
+            f"in [0, {vocab_size})"
+        )

@@ -43,6 +43,7 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     num_target_layers: int | None = None
+    draft_vocab_size: int | None = None  # reduced draft vocabulary (EAGLE-3 `d2t` map); None = full
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +55,16 @@ class DrafterConfig:
             raise ValueError("drafter num_attention_heads must be a multiple of num_key_value_heads")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"drafter mask_token_id {self.mask_token_id} is outside its vocab of {self.vocab_size}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"drafter draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]"
+            )
+
+    @property
+    def mass_exponent(self) -> float:
+        """Calibration of the plug-in node masses fitted for this head (acceptance ~=
+        rho ** exponent; `cast_calibration` in config.json, written by train-drafter); 1 = none."""
+        return float((self.extra.get("cast_calibration") or {}).get("mass_exponent", 1.0))
 
     @property
     def num_draft_positions(self) -> int:
@@ -105,13 +116,15 @@ class DrafterConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 1_000_000.0))),
             num_target_layers=raw.get("num_target_layers"),
+            draft_vocab_size=raw.get("draft_vocab_size"),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
     def to_dict(self) -> dict[str, Any]:
         raw = {k: v for k, v in asdict(self).items() if k not in ("extra", "mask_token_id", "target_layer_ids")}
-        if raw["num_target_layers"] is None:
-            del raw["num_target_layers"]
+        for optional in ("num_target_layers", "draft_vocab_size"):
+            if raw[optional] is None:
+                del raw[optional]
         defaults = {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from runtime.drafter.model import DFlashDrafter
+from runtime.drafter.vocab import DraftHead
 from runtime.kv_cache import KVCache
 from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget
@@ -32,6 +33,7 @@ class DrafterExecutor:
         cfg = self.drafter.config
         self.device, self.dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
         self.target = target
+        self.head = DraftHead(target.lm_head.weight, self.drafter.d2t)
         self.cache: KVCache | None = None
         self._mask_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64, device=self.device)
 
@@ -69,4 +71,4 @@ class DrafterExecutor:
         block = self._mask_ids.clone()
         block[0] = root_token
         hidden = self.drafter(self.target.embed(block), self._rope(self.context_len, block.numel()), self.cache)
-        return self.target.lm_head(hidden)  # [L, V]
+        return self.head(hidden)  # [L, V]

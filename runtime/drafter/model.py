@@ -11,7 +11,8 @@ block = [b, mask, …, mask] (L+1 slots, slot 0 holds the pending root's embeddi
   queries are the block and whose keys/values are context ∪ block, with NO mask
   (non-causal inside the block), then the gated MLP.
 - output: the drafter's own final `norm`, then the target's lm_head (no target norm),
-  on slots 1..L → marginals q_1..q_L.
+  on slots 1..L → marginals q_1..q_L; with a reduced draft vocabulary only its rows of
+  the lm_head (buffer `d2t`, see `runtime.drafter.vocab`).
 This matches dflash 0.1.0 `DFlashDraftModel.forward` + `compute_logits` (tested).
 """
 
@@ -22,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from runtime.drafter.config import DrafterConfig
+from runtime.drafter.vocab import D2T_KEY
 from runtime.kv_cache import KVCache
 from runtime.model.layers import GatedMLP, RMSNorm, apply_rope
 
@@ -77,6 +79,11 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # [Vd] int64 EAGLE-3 offsets when the head has a reduced draft vocabulary, else None
+        if cfg.draft_vocab_size is None:
+            self.d2t: torch.Tensor | None = None
+        else:
+            self.register_buffer(D2T_KEY, torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
 
     @torch.inference_mode()
     def append_context(self, taps: torch.Tensor, rope, cache: KVCache) -> None:

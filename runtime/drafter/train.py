@@ -1,194 +1,36 @@
 """Train a DFlash drafter head on the target's own greedy continuations.
 
-Data (paper App. E / DFlash recipe): prompts wrapped in the target's chat template;
-responses are the target's greedy continuations, so the head learns the target's
-greedy law. One target pass per sequence yields its drafter taps (HF
-`hidden_states[id+1]` for each target layer id), cached to disk as fp16 shards.
+Data: `runtime.drafter.train_data` (target greedy continuations + taps, fp16 shards).
 
 Training: anchors a are sampled in the response; each block is
 `[ids[a], mask, …, mask]` (block size L+1) and sees the taps of ids[:a] only (the
 prefix before the root: the drafter never sees the future); labels are ids[a+1:a+L+1].
 Many blocks of one sequence share one context pass (each block masks the context at
 its own anchor). Loss: cross-entropy at slots 1..L with DFlash's position decay
-weight exp(-(k-1)/gamma) on slot k. Target embeddings, final norm and lm_head stay
-frozen.
+weight exp(-(k-1)/gamma) on slot k, over the head's draft vocabulary (labels it cannot
+name are ignored). Target embeddings and lm_head stay frozen. Optional bf16 autocast.
+
+Checkpoints: `TrainerState` (optimizer, step, elapsed wall time, generator state) is
+saved beside the weights, so a run resumes where it stopped and its cosine schedule
+(over the total time box) continues.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-import random
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.nn import functional as F
-
-from runtime.model.layers import Rotary, apply_rope, default_inv_freq
 from tqdm import tqdm
 
-IGNORE = -100  # label of a slot past the end of the response
+from runtime.drafter.vocab import DraftHead, target_to_draft
+from runtime.model.layers import Rotary, apply_rope, default_inv_freq
 
-# ---------------------------------------------------------------- prompts
-
-
-@dataclass(frozen=True, slots=True)
-class PromptSource:
-    """A prompt pool that may be used for a shipped head (permissive licence)."""
-
-    name: str
-    file: str
-    licence: str
-
-
-PERMISSIVE_SOURCES = {
-    "gsm8k_train": PromptSource("gsm8k_train", "gsm8k_train.jsonl", "MIT (openai/grade-school-math)"),
-    "mbpp_train": PromptSource("mbpp_train", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974"),
-}
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def mbpp_prompt(row: dict[str, Any]) -> str:
-    return row["text"] + " Your code should pass these tests:\n\n" + "\n".join(row["test_list"])
-
-
-def load_prompts(data_dir: Path, counts: dict[str, int], seed: int) -> list[tuple[str, str]]:
-    """(source name, user prompt) pairs from the permissive pools, shuffled with `seed`.
-
-    counts: source name -> how many prompts to draw (capped at the pool size).
-    """
-    unknown = set(counts) - set(PERMISSIVE_SOURCES)
-    if unknown:
-        raise ValueError(f"unknown or non-permissive prompt sources {sorted(unknown)}; use {sorted(PERMISSIVE_SOURCES)}")
-    rng = random.Random(seed)
-    out: list[tuple[str, str]] = []
-    for name, count in counts.items():
-        rows = _read_jsonl(Path(data_dir) / PERMISSIVE_SOURCES[name].file)
-        if name == "gsm8k_train":
-            texts = [r["question"] for r in rows]
-        else:
-            texts = [mbpp_prompt(r) for r in rows if 511 <= int(r["task_id"]) <= 974]
-        rng.shuffle(texts)
-        out += [(name, t) for t in texts[:count]]
-    rng.shuffle(out)
-    return out
-
-
-# ---------------------------------------------------------------- target data
-
-
-def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-@torch.inference_mode()
-def generate_shard(
-    model: Any,  # HF causal LM (frozen target)
-    prompt_ids: Sequence[list[int]],
-    layer_ids: Sequence[int],
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-) -> list[dict[str, torch.Tensor]]:
-    """Batched greedy continuation + taps of every token but the last.
-
-    Returns per sequence {"ids": [T] int32, "prompt_len": int, "taps": [T-1, F] fp16},
-    with the response cut after the first EOS (EOS kept as a label).
-    """
-    batch = len(prompt_ids)
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((batch, width), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):  # left padding
-        ids[i, width - len(p) :] = torch.tensor(p)
-        attn[i, width - len(p) :] = 1
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=attn,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        output_hidden_states=True,
-        return_dict_in_generate=True,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-    )
-    # hidden_states[step][layer+1]: [B, width, H] at step 0, [B, 1, H] after
-    taps = torch.cat(
-        [torch.cat([step[i + 1] for i in layer_ids], dim=-1) for step in out.hidden_states], dim=1
-    )  # [B, width + steps - 1, F]
-    gen = out.sequences[:, width:]  # [B, steps]
-    records = []
-    for b, p in enumerate(prompt_ids):
-        resp = gen[b].tolist()
-        if eos_id in resp:
-            resp = resp[: resp.index(eos_id) + 1]
-        seq = list(p) + resp
-        lo = width - len(p)
-        records.append(
-            {
-                "ids": torch.tensor(seq, dtype=torch.int32),
-                "prompt_len": len(p),
-                "taps": taps[b, lo : lo + len(seq) - 1].to(torch.float16).clone(),
-            }
-        )
-    return records
-
-
-def build_dataset(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[tuple[str, str]],
-    layer_ids: Sequence[int],
-    out_dir: Path,
-    batch_size: int,
-    max_new_tokens: int,
-    budget_s: float,
-) -> dict[str, Any]:
-    """Write shards `shard_#####.pt` under out_dir until prompts or time run out."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start, done, tokens, used = time.monotonic(), 0, 0, {}
-    eos, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
-    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    bar = tqdm(batches, desc="target greedy data", unit="batch")
-    for k, chunk in enumerate(bar):
-        if time.monotonic() - start > budget_s:
-            break
-        recs = generate_shard(model, [chat_ids(tokenizer, p) for _, p in chunk], layer_ids, max_new_tokens, eos, pad)
-        torch.save(recs, out_dir / f"shard_{k:05d}.pt")
-        done += len(recs)
-        tokens += sum(len(r["ids"]) - r["prompt_len"] for r in recs)
-        for name, _ in chunk:
-            used[name] = used.get(name, 0) + 1
-        bar.set_postfix(seqs=done, resp_tokens=tokens)
-    meta = {
-        "sequences": done,
-        "response_tokens": tokens,
-        "sources": used,
-        "layer_ids": list(layer_ids),
-        "max_new_tokens": max_new_tokens,
-        "seconds": round(time.monotonic() - start, 1),
-    }
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
-
-
-def load_shards(data_dir: Path) -> list[dict[str, torch.Tensor]]:
-    recs: list[dict[str, torch.Tensor]] = []
-    for path in sorted(Path(data_dir).glob("shard_*.pt")):
-        recs += torch.load(path)
-    if not recs:
-        raise ValueError(f"no shard_*.pt training shards under {data_dir}; build the dataset first")
-    return recs
-
+IGNORE = -100  # label of a slot past the end of the response, or outside the draft vocabulary
 
 # ---------------------------------------------------------------- blocks and loss
 
@@ -203,7 +45,7 @@ def sample_anchors(prompt_len: int, length: int, count: int, gen: torch.Generato
 
 
 def block_labels(ids: torch.Tensor, anchors: torch.Tensor, num_draft: int) -> torch.Tensor:
-    """[n, L] labels ids[a+1..a+L]; IGNORE past the end of the sequence."""
+    """[n, L] target-id labels ids[a+1..a+L]; IGNORE past the end of the sequence."""
     idx = anchors[:, None] + torch.arange(1, num_draft + 1)[None, :]  # [n, L]
     labels = torch.full(idx.shape, IGNORE, dtype=torch.long)
     ok = idx < ids.numel()
@@ -211,16 +53,26 @@ def block_labels(ids: torch.Tensor, anchors: torch.Tensor, num_draft: int) -> to
     return labels
 
 
-def block_logits(
+def to_draft_labels(labels: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
+    """[n, L] target-id labels -> draft-vocabulary labels (IGNORE where it cannot name them)."""
+    if t2d is None:
+        return labels
+    out = torch.full_like(labels, IGNORE)
+    ok = labels != IGNORE
+    mapped = t2d[labels[ok]]
+    out[ok] = torch.where(mapped >= 0, mapped, torch.full_like(mapped, IGNORE))
+    return out
+
+
+def block_hidden(
     drafter: Any,  # runtime.drafter.DFlashDrafter (trainable)
     embed_weight: torch.Tensor,  # [V, H] frozen target embeddings
-    lm_head_weight: torch.Tensor,  # [V, H] frozen target lm_head
-    rotary: Any,  # runtime.model.layers.Rotary of the drafter
+    rotary: Rotary,  # of the drafter
     taps: torch.Tensor,  # [m, F] target taps of ids[:m]
     ids: torch.Tensor,  # [T] token ids of the sequence
     anchors: torch.Tensor,  # [n] root positions, each <= m
 ) -> torch.Tensor:
-    """Logits [n, L, V] of n blocks of one sequence in one pass.
+    """Normed hidden states [n, L, H] of n blocks of one sequence in one pass.
 
     Equals `DFlashDrafter.forward` run once per block on a feature cache holding
     taps[:a] (block j sees context columns < a_j and its own L+1 slots only).
@@ -249,13 +101,11 @@ def block_logits(
         q = apply_rope(q.transpose(0, 1), *block_rope)  # [Hq, Nq, d]
         ck, cv = attn.key_value(ctx, ctx_rope)  # [Hkv, m, d]
         bk, bv = attn.key_value(x, block_rope)  # [Hkv, Nq, d]
-        out = F.scaled_dot_product_attention(
-            q[None], torch.cat([ck, bk], 1)[None], torch.cat([cv, bv], 1)[None], attn_mask=visible, enable_gqa=True
-        )[0]
+        keys, values = torch.cat([ck, bk], 1).to(q.dtype), torch.cat([cv, bv], 1).to(q.dtype)
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=visible, enable_gqa=True)[0]
         h = h + attn.o_proj(out.transpose(0, 1).reshape(h.shape[0], -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    hidden = drafter.norm(h.view(n, width, -1)[:, 1:])  # [n, L, H]
-    return hidden @ lm_head_weight.T  # [n, L, V]
+    return drafter.norm(h.view(n, width, -1)[:, 1:])  # [n, L, H]
 
 
 def position_weights(num_draft: int, gamma: float | None) -> torch.Tensor:
@@ -265,8 +115,8 @@ def position_weights(num_draft: int, gamma: float | None) -> torch.Tensor:
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean cross-entropy. logits [n, L, V]; labels [n, L]; weights [L]."""
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="none")
+    """Weighted mean cross-entropy. logits [n, L, Vd]; labels [n, L] (draft ids); weights [L]."""
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="none")
     w = (weights[None, :] * (labels != IGNORE)).flatten()
     return (ce * w).sum() / w.sum().clamp_min(1e-9)
 
@@ -276,7 +126,7 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    budget_s: float  # wall-clock time box of the loop
+    budget_s: float  # wall-clock time box of the whole training (all resumed runs together)
     anchors_per_seq: int = 16  # blocks per sequence per step
     seqs_per_step: int = 1
     lr: float = 1e-3
@@ -285,7 +135,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     decay_gamma: float | None = 7.0  # DFlash position decay; None = uniform
+    autocast_bf16: bool = False  # bf16 matmuls (weights and optimizer stay fp32)
     save_every_s: float = 180.0
+    eval_every_s: float = 300.0  # validation tau period (when an evaluator is given)
     max_steps: int | None = None
     seed: int = 0
 
@@ -308,14 +160,23 @@ class FrozenTarget:
         )
 
 
-def select_taps(records: list[dict[str, Any]], stored_ids: Sequence[int], wanted_ids: Sequence[int]) -> list[dict[str, Any]]:
-    """Keep only the tap columns of `wanted_ids` (shards may hold more layers)."""
-    missing = [i for i in wanted_ids if i not in stored_ids]
-    if missing:
-        raise ValueError(f"the dataset holds taps of layers {list(stored_ids)}, not {missing}; rebuild it with them")
-    hidden = records[0]["taps"].shape[1] // len(stored_ids)
-    cols = torch.cat([torch.arange(hidden) + stored_ids.index(i) * hidden for i in wanted_ids])
-    return [{**r, "taps": r["taps"][:, cols].contiguous()} for r in records]
+@dataclass(slots=True)
+class TrainerState:
+    """What a resumed run needs besides the weights."""
+
+    step: int = 0
+    elapsed_s: float = 0.0
+    optimizer: dict | None = None
+    generator: torch.Tensor | None = None
+    log: list[dict[str, float]] = field(default_factory=list)  # per-step loss
+    evals: list[dict[str, Any]] = field(default_factory=list)  # validation tau over time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> "TrainerState":
+        return TrainerState(**raw)
 
 
 def drafter_rotary(drafter: Any) -> Rotary:
@@ -330,66 +191,93 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def _autocast(cfg: TrainConfig):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if cfg.autocast_bf16 else contextlib.nullcontext()
+
+
 @torch.enable_grad()  # callers may run under no_grad (e.g. a serving process)
 def train(
     drafter: Any,
     target: FrozenTarget,
-    records: list[dict[str, Any]],
+    records: Iterator[dict[str, Any]],  # endless, e.g. train_data.stream_records
     cfg: TrainConfig,
-    on_save: Callable[[int, list[dict[str, float]]], None] | None = None,
-) -> list[dict[str, float]]:
-    """Train `drafter` in place until the time box or max_steps; returns the loss log."""
+    on_save: Callable[[TrainerState], None] | None = None,
+    evaluate: Callable[[Any], dict[str, Any]] | None = None,  # drafter -> {"tau": ...}
+    state: TrainerState | None = None,
+) -> TrainerState:
+    """Train `drafter` in place until the time box or max_steps; returns the final state."""
+    state = state or TrainerState()
     gen = torch.Generator().manual_seed(cfg.seed)
+    if state.generator is not None:
+        gen.set_state(state.generator)
     rotary = drafter_rotary(drafter)
+    head = DraftHead(target.lm_head_weight, drafter.d2t)
+    t2d = None if drafter.d2t is None else target_to_draft(head.target_ids, head.vocab_size)
     weights = position_weights(drafter.config.num_draft_positions, cfg.decay_gamma)
     drafter.train().requires_grad_(True)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    log: list[dict[str, float]] = []
-    start = last_save = time.monotonic()
-    step, order = 0, iter(())
-    bar = tqdm(total=int(cfg.budget_s), desc="drafter training", unit="s")
+    params = [p for p in drafter.parameters() if p.is_floating_point()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    if state.optimizer is not None:
+        opt.load_state_dict(state.optimizer)
+    start = time.monotonic() - state.elapsed_s
+    last_save = last_eval = time.monotonic()
+    bar = tqdm(total=int(cfg.budget_s), initial=int(state.elapsed_s), desc="drafter training", unit="s")
 
-    def next_record() -> dict[str, Any]:
-        nonlocal order
-        try:
-            return next(order)
-        except StopIteration:
-            order = iter([records[i] for i in torch.randperm(len(records), generator=gen).tolist()])
-            return next(order)
+    def snapshot() -> None:
+        state.elapsed_s = time.monotonic() - start
+        state.optimizer, state.generator = opt.state_dict(), gen.get_state()
 
+    def run_eval() -> None:
+        drafter.eval()
+        res = evaluate(drafter)
+        drafter.train()
+        state.evals.append({"step": state.step, "seconds": round(time.monotonic() - start, 1), **res})
+        bar.write(f"step {state.step}: validation tau {res['tau']:.3f}")
+
+    if evaluate is not None and not state.evals:
+        run_eval()
     while True:
         elapsed = time.monotonic() - start
-        if elapsed >= cfg.budget_s or (cfg.max_steps is not None and step >= cfg.max_steps):
+        if elapsed >= cfg.budget_s or (cfg.max_steps is not None and state.step >= cfg.max_steps):
             break
         for group in opt.param_groups:
-            group["lr"] = _lr_at(cfg, step, elapsed)
+            group["lr"] = _lr_at(cfg, state.step, elapsed)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for _ in range(cfg.seqs_per_step):
-            rec = next_record()
+            rec = next(records)
             ids, taps = rec["ids"], rec["taps"].float()
             anchors = sample_anchors(rec["prompt_len"], ids.numel(), cfg.anchors_per_seq, gen)
             if anchors.numel() == 0:
                 continue
-            logits = block_logits(drafter, target.embed_weight, target.lm_head_weight, rotary, taps, ids, anchors)
-            loss = block_loss(logits, block_labels(ids, anchors, logits.shape[1]), weights) / cfg.seqs_per_step
+            with _autocast(cfg):
+                logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, anchors))
+            labels = to_draft_labels(block_labels(ids, anchors, logits.shape[1]), t2d)
+            loss = block_loss(logits, labels, weights) / cfg.seqs_per_step
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        step += 1
-        log.append({"step": step, "seconds": round(time.monotonic() - start, 1), "loss": total})
-        bar.update(int(log[-1]["seconds"]) - bar.n)
-        recent = [e["loss"] for e in log[-50:]]
-        bar.set_postfix(step=step, loss=f"{sum(recent) / len(recent):.3f}")
+        state.step += 1
+        state.log.append({"step": state.step, "seconds": round(time.monotonic() - start, 1), "loss": total})
+        bar.update(int(state.log[-1]["seconds"]) - bar.n)
+        recent = [e["loss"] for e in state.log[-50:]]
+        bar.set_postfix(step=state.step, loss=f"{sum(recent) / len(recent):.3f}")
+        if evaluate is not None and time.monotonic() - last_eval >= cfg.eval_every_s:
+            run_eval()
+            last_eval = time.monotonic()
         if on_save is not None and time.monotonic() - last_save >= cfg.save_every_s:
-            on_save(step, log)
+            snapshot()
+            on_save(state)
             last_save = time.monotonic()
     bar.close()
+    if evaluate is not None:
+        run_eval()
     drafter.eval().requires_grad_(False)
+    snapshot()
     if on_save is not None:
-        on_save(step, log)
-    return log
+        on_save(state)
+    return state
 
 
 # ---------------------------------------------------------------- acceptance
@@ -400,17 +288,19 @@ def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]]
     """Top-1 acceptance per block position over every anchor with a full block of labels.
 
     top1[k]: P(argmax q_k == target greedy token k); chain[k]: P(slots 1..k all match);
-    tau: mean accepted chain length per round (the mean committed length R is tau + 1).
+    tau: mean accepted chain length per anchor (teacher-forced, every response position).
     """
     rotary = drafter_rotary(drafter)
+    head = DraftHead(target.lm_head_weight, drafter.d2t)
     num_draft = drafter.config.num_draft_positions
     hits = []
     for rec in records:
         ids, taps = rec["ids"], rec["taps"].float()
         all_anchors = torch.arange(rec["prompt_len"], ids.numel() - num_draft)
         for part in all_anchors.split(chunk):
-            logits = block_logits(drafter, target.embed_weight, target.lm_head_weight, rotary, taps, ids, part)
-            hits.append(logits.argmax(-1) == block_labels(ids, part, num_draft))  # [n, L]
+            best = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part)).argmax(-1)
+            best = best if head.target_ids is None else head.target_ids[best]
+            hits.append(best == block_labels(ids, part, num_draft))  # [n, L]
     if not hits:
         raise ValueError("no held-out anchor has a full block of labels; use longer continuations")
     hit = torch.cat(hits).float()

@@ -61,10 +61,11 @@ def random_target(seed: int, vocab_size: int = ByteTokenizer.vocab_size) -> Llam
     return model.eval().requires_grad_(False)
 
 
-def batch_policy(cfg: ServingConfig, prefix_len: int = 512) -> BatchPolicy:
+def batch_policy(cfg: ServingConfig, prefix_len: int = 512, mass_exponent: float = 1.0) -> BatchPolicy:
     width = None
     if cfg.profile:
-        width = WidthPolicy.from_profile(load_profile(cfg.profile), prefix_len, rule="marginal", rank_cap=cfg.rank_cap)
+        width = WidthPolicy.from_profile(load_profile(cfg.profile), prefix_len, rule="marginal", rank_cap=cfg.rank_cap,
+                                         mass_exponent=mass_exponent)
     return BatchPolicy(
         cfg.policy, fixed_width=cfg.fixed_width, uniform_width=cfg.uniform_width, mean_budget=cfg.mean_budget,
         max_width=cfg.max_width, rank_cap=cfg.rank_cap, width_policy=width,
@@ -94,5 +95,6 @@ def build_engine(cfg: ServingConfig) -> Engine:
         drafter = load_drafter(drafter_dir, target.config)
     else:
         drafter = random_drafter(target.config, block_size=cfg.block_size, seed=cfg.seed + 1, mask_token_id=mask, init_std=0.3)
-    decoder = BatchDecoder(target, DFlashBatchDrafter(drafter, target), batch_policy(cfg), tokenizer, eos)
+    policy = batch_policy(cfg, mass_exponent=drafter.config.mass_exponent)
+    decoder = BatchDecoder(target, DFlashBatchDrafter(drafter, target), policy, tokenizer, eos)
     return Engine(decoder, tokenizer, encode)

@@ -225,3 +225,15 @@ def test_width_policy_rejects_bad_configuration():
         WidthPolicy.from_profile(p, 1024, rule="oracle")
     with pytest.raises(ValueError, match="widest bucket - 1 = 127"):
         WidthPolicy.from_profile(p, 1024, max_budget=128)
+
+
+def test_mass_calibration_narrows_an_overconfident_heads_tree_and_is_the_identity_at_one():
+    p = profile(f"{BLACKWELL_8B}__table5")
+    plain = WidthPolicy.from_profile(p, 1024).choose(APPENDIX_G_MASSES)
+    assert WidthPolicy.from_profile(p, 1024, mass_exponent=1.0).choose(APPENDIX_G_MASSES) == plain
+    shrunk = WidthPolicy.from_profile(p, 1024, mass_exponent=2.0).choose(APPENDIX_G_MASSES)
+    # the policy behaves exactly as if it had been handed the calibrated masses rho ** 2
+    assert shrunk == WidthPolicy.from_profile(p, 1024).choose(APPENDIX_G_MASSES ** 2)
+    assert shrunk.budget < plain.budget
+    with pytest.raises(ValueError, match="mass_exponent must be > 0"):
+        WidthPolicy.from_profile(p, 1024, mass_exponent=0.0)

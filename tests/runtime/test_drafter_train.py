@@ -1,8 +1,13 @@
-"""DFlash drafter training: the batched block pass equals the runtime draft call, and a
-few steps on two short sequences lower the loss."""
+"""DFlash drafter training: the batched block pass equals the runtime draft call (full and
+reduced draft vocabulary), a few steps lower the loss, and a resumed run continues the
+same run exactly."""
 
 from __future__ import annotations
 
+import copy
+import itertools
+
+import pytest
 import torch
 
 from runtime.drafter import DrafterExecutor, random_drafter
@@ -10,12 +15,15 @@ from runtime.drafter.train import (
     IGNORE,
     FrozenTarget,
     TrainConfig,
+    TrainerState,
+    block_hidden,
     block_labels,
-    block_logits,
     drafter_rotary,
     sample_anchors,
+    to_draft_labels,
     train,
 )
+from runtime.drafter.vocab import DraftHead, target_to_draft
 from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget, TargetConfig
 
@@ -40,19 +48,31 @@ def _sequence(length: int, taps_width: int, seed: int) -> dict:
     return {"ids": ids, "prompt_len": 4, "taps": torch.randn(length - 1, taps_width, generator=gen).half()}
 
 
-def test_block_logits_equal_runtime_draft_per_anchor():
+@pytest.mark.parametrize("draft_vocab", [None, torch.tensor([0, 3, 5, 9, 17, 40, 63])])
+def test_block_pass_equals_runtime_draft_per_anchor(draft_vocab):
     target = _tiny_target()
-    drafter = random_drafter(TINY, num_layers=2, block_size=4, target_layer_ids=[1, 3], mask_token_id=0, init_std=0.2)
+    drafter = random_drafter(TINY, num_layers=2, block_size=4, target_layer_ids=[1, 3], mask_token_id=0, init_std=0.2,
+                             draft_vocab_ids=draft_vocab)
     rec = _sequence(14, 2 * TINY.hidden_size, seed=1)
     anchors = torch.tensor([4, 7, 12])
     frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
-    batched = block_logits(drafter, frozen.embed_weight, frozen.lm_head_weight, drafter_rotary(drafter),
-                           rec["taps"].float(), rec["ids"], anchors)
+    hidden = block_hidden(drafter, frozen.embed_weight, drafter_rotary(drafter), rec["taps"].float(), rec["ids"], anchors)
+    batched = DraftHead(frozen.lm_head_weight, drafter.d2t)(hidden)  # [n, L, V], -inf outside the draft vocab
     ex = DrafterExecutor(drafter, target)
     for j, a in enumerate(anchors.tolist()):
         ex.reset(32)
         ex.append_context(rec["taps"][:a].float())
         torch.testing.assert_close(batched[j], ex.draft(int(rec["ids"][a])), rtol=1e-4, atol=1e-4)
+    if draft_vocab is not None:
+        outside = torch.ones(TINY.vocab_size, dtype=torch.bool)
+        outside[draft_vocab] = False
+        assert torch.isneginf(batched[..., outside]).all() and torch.isfinite(batched[..., ~outside]).all()
+
+
+def test_labels_outside_the_draft_vocabulary_are_ignored_and_the_rest_renumbered():
+    t2d = target_to_draft(torch.tensor([2, 5, 7]), vocab_size=10)
+    labels = torch.tensor([[5, 3, IGNORE], [7, 2, 9]])
+    assert to_draft_labels(labels, t2d).tolist() == [[1, IGNORE, IGNORE], [2, 0, IGNORE]]
 
 
 def test_labels_past_the_end_are_ignored_and_anchors_stay_in_the_response():
@@ -67,6 +87,29 @@ def test_a_few_training_steps_lower_the_loss_on_two_short_sequences():
     drafter = random_drafter(TINY, num_layers=1, block_size=4, target_layer_ids=[1, 3], mask_token_id=0)
     records = [_sequence(16, 2 * TINY.hidden_size, seed=s) for s in (2, 3)]
     cfg = TrainConfig(budget_s=30.0, anchors_per_seq=8, seqs_per_step=2, lr=3e-2, warmup_steps=1, max_steps=25)
-    log = train(drafter, FrozenTarget(target.embed_tokens.weight, target.lm_head.weight), records, cfg)
+    log = train(drafter, FrozenTarget(target.embed_tokens.weight, target.lm_head.weight), itertools.cycle(records), cfg).log
     assert len(log) == 25
     assert sum(e["loss"] for e in log[-3:]) / 3 < 0.8 * sum(e["loss"] for e in log[:3]) / 3
+
+
+def test_a_run_resumed_from_its_saved_state_equals_the_uninterrupted_run():
+    target = _tiny_target()
+    frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
+    records = [_sequence(16, 2 * TINY.hidden_size, seed=s) for s in (2, 3, 4)]
+
+    def fresh():
+        return random_drafter(TINY, num_layers=1, block_size=4, target_layer_ids=[1, 3], mask_token_id=0)
+
+    def cfg(steps):  # warm-up only: the lr schedule does not depend on wall time
+        return TrainConfig(budget_s=600.0, anchors_per_seq=4, lr=1e-2, warmup_steps=100, max_steps=steps)
+
+    whole = fresh()
+    train(whole, frozen, itertools.cycle(records), cfg(8))
+    first, saved = fresh(), []
+    state = train(first, frozen, itertools.cycle(records), cfg(4), on_save=lambda st: saved.append(copy.deepcopy(st.to_dict())))
+    rest = itertools.islice(itertools.cycle(records), 4, None)  # the stream continues where it stopped
+    resumed_state = TrainerState.from_dict(saved[-1])
+    train(first, frozen, rest, cfg(8), state=resumed_state)
+    assert resumed_state.step == 8 and state.step == 4
+    for (name, a), (_, b) in zip(whole.state_dict().items(), first.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)

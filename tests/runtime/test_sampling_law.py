@@ -11,6 +11,7 @@ empirical TV over N generations must not exceed it.
 import itertools
 
 import numpy as np
+import pytest
 import torch
 
 from cast_trtllm.sampling import SamplingParams, target_probs
@@ -31,8 +32,9 @@ class NoisyTargetDrafter:
     num_draft_positions = 3
     tap_layer_ids = (0,)
 
-    def __init__(self, hf):
+    def __init__(self, hf, unnameable: torch.Tensor | None = None):
         self.hf = hf
+        self.unnameable = unnameable  # token ids with drafter mass 0 (a reduced draft vocabulary)
         self.ids, self.root = None, None
         self.memo = {}  # context -> proposals (deterministic, so cached)
 
@@ -62,7 +64,10 @@ class NoisyTargetDrafter:
         for _ in range(self.num_draft_positions):
             with torch.no_grad():
                 logits = self.hf(torch.tensor(ctx)[None]).logits[0, -1]
-            rows.append(logits + 0.7 * torch.randn(logits.shape, generator=gen))
+            row = logits + 0.7 * torch.randn(logits.shape, generator=gen)
+            if self.unnameable is not None:
+                row[self.unnameable] = float("-inf")
+            rows.append(row)
             ctx = ctx + [int(logits.argmax())]
         return torch.stack(rows)
 
@@ -88,11 +93,14 @@ def _tv(law, counts, n):
     return 0.5 * sum(abs(law.get(k, 0.0) - counts.get(k, 0) / n) for k in keys)
 
 
-def test_cast_sampling_matches_the_autoregressive_law_within_the_monte_carlo_floor():
+@pytest.mark.parametrize("reduced_vocab", [False, True], ids=["full-vocab", "reduced-vocab"])
+def test_cast_sampling_matches_the_autoregressive_law_within_the_monte_carlo_floor(reduced_vocab):
     hf, model = tiny_target()
     law = _exact_law(hf)
     assert len(law) == 125
-    drafter = NoisyTargetDrafter(hf)
+    # reduced: the drafter cannot name every other token of the target's top-5 at the first step
+    top = torch.topk(hf(torch.tensor(PROMPT)[None]).logits[0, -1], 5).indices
+    drafter = NoisyTargetDrafter(hf, top[1::2] if reduced_vocab else None)
     dec = Decoder(TargetExecutor(model, drafter.tap_layer_ids), drafter)
     counts, accepted = {}, 0
     for seed in range(SAMPLES):

@@ -1,0 +1,66 @@
+"""Reduced draft vocabulary: frequency map, EAGLE-3 `d2t` offsets, checkpoint round trip,
+validation, and decoding with such a head stays lossless."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from runtime.decoder import DecodeConfig, Decoder
+from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter
+from runtime.drafter.config import WEIGHTS_NAME
+from runtime.drafter.vocab import coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
+from runtime.target import TargetExecutor
+
+from tests.runtime.doubles import tiny_target
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_target()[1]
+
+
+def test_frequent_ids_keep_the_most_common_tokens_and_the_forced_ones_sorted():
+    lists = [torch.tensor([5, 5, 5, 9, 9, 1]), torch.tensor([9, 3, 5])]
+    assert frequent_ids(lists, vocab_size=12, size=2).tolist() == [5, 9]
+    assert frequent_ids(lists, vocab_size=12, size=3, always=[11]).tolist() == [5, 9, 11]
+    assert coverage(lists, torch.tensor([5, 9]), 12) == pytest.approx(7 / 9)
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        frequent_ids(lists, vocab_size=12, size=13)
+
+
+def test_d2t_follows_the_eagle3_offset_convention():
+    ids = torch.tensor([0, 4, 7, 30])
+    d2t = d2t_from_ids(ids)
+    assert (torch.arange(4) + d2t).tolist() == ids.tolist()  # target id = draft id + d2t[draft id]
+    assert ids_from_d2t(d2t).tolist() == ids.tolist()
+    assert target_to_draft(ids, 32)[[0, 4, 7, 30, 1]].tolist() == [0, 1, 2, 3, -1]
+
+
+def test_a_reduced_vocab_head_saves_d2t_beside_the_zlab_keys_and_loads_exactly(tmp_path, model):
+    vocab = torch.tensor([1, 2, 3, 10, 20, 63])
+    d = random_drafter(model.config, block_size=5, target_layer_ids=[0, 2], draft_vocab_ids=vocab)
+    save_drafter(d, tmp_path)
+    tensors = load_file(str(tmp_path / WEIGHTS_NAME))
+    assert tensors["d2t"].dtype == torch.int64 and ids_from_d2t(tensors["d2t"]).tolist() == vocab.tolist()
+    loaded = load_drafter(tmp_path, model.config, dtype=torch.float64)
+    assert loaded.config.draft_vocab_size == 6 and loaded.d2t.dtype == torch.int64
+    assert torch.equal(loaded.d2t, d.d2t)
+
+
+def test_a_d2t_that_names_ids_outside_the_target_vocab_is_rejected(tmp_path, model):
+    d = random_drafter(model.config, block_size=5, target_layer_ids=[0, 2], draft_vocab_ids=torch.tensor([1, 2, 3]))
+    save_drafter(d, tmp_path)
+    tensors = load_file(str(tmp_path / WEIGHTS_NAME))
+    tensors["d2t"] = torch.tensor([1, 1, 99])
+    save_file(tensors, str(tmp_path / WEIGHTS_NAME))
+    with pytest.raises(ValueError, match="d2t"):
+        load_drafter(tmp_path, model.config)
+
+
+def test_greedy_decoding_with_a_reduced_vocab_head_equals_ar(model):
+    vocab = torch.arange(0, 64, 3)  # a third of the vocabulary: most target tokens are unnameable
+    drafter = DrafterExecutor(random_drafter(model.config, block_size=6, draft_vocab_ids=vocab, seed=2), model)
+    dec = Decoder(TargetExecutor(model, drafter.tap_layer_ids), drafter)
+    ar = Decoder(TargetExecutor(model), None).generate([4, 5, 6], DecodeConfig("ar", max_new_tokens=30)).token_ids
+    for method, budget in (("chain", 1), ("cast", 15)):
+        assert dec.generate([4, 5, 6], DecodeConfig(method, budget, max_new_tokens=30)).token_ids == ar
