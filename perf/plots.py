@@ -6,6 +6,7 @@
   tokens n, one line per width profile (paper Fig. 2), cliffs marked.
 - `plot_accept_histograms`: committed round length R per method.
 - `plot_acceptance_report`: drafter replay R per budget per domain, and depth-1 reliability.
+- `plot_training_curve`: drafter training loss and validation tau against wall time.
 """
 
 from __future__ import annotations
@@ -124,4 +125,21 @@ def plot_acceptance_report(report: Mapping[str, Mapping], out: str | Path) -> Pa
     right.set_ylabel("hit rate")
     right.set_title("Depth-1 reliability")
     right.legend(fontsize=7)
+    return save_figure(fig, out)
+
+
+def plot_training_curve(record: Mapping, out: str | Path) -> Path:
+    """Loss (left axis) and validation tau (right axis) against training minutes, from a
+    drafter's `training.json` (`loss_curve`, `validation_tau`)."""
+    loss, evals = record.get("loss_curve") or [], record.get("validation_tau") or []
+    if not loss:
+        raise ValueError("plot_training_curve needs a non-empty loss_curve")
+    fig, left = plt.subplots(figsize=(7, 4))
+    left.plot([e["seconds"] / 60 for e in loss], [e["loss"] for e in loss], color="C0", linewidth=1)
+    left.set_xlabel("training time (minutes)")
+    left.set_ylabel("weighted block cross-entropy", color="C0")
+    right = left.twinx()
+    right.plot([e["seconds"] / 60 for e in evals], [e["tau"] for e in evals], "o-", color="C1")
+    right.set_ylabel("validation tau (accepted chain length)", color="C1")
+    left.set_title("DFlash head training on CPU")
     return save_figure(fig, out)

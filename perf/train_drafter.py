@@ -36,13 +36,16 @@ HELDOUT_SETS = ("gsm8k", "humaneval", "mt_bench")  # domains of the acceptance r
 EVAL_SETS = ("gsm8k", "humaneval", "mt_bench", "mbpp", "math500")  # training prompts never overlap these
 REPORT_BUDGETS = (3, 7, 15, 31, 63)
 STATE_NAME = "trainer_state.pt"
+SELF_CHAT_RECORD = ROOT / "perf" / "results" / "drafter" / "self_chat_prompts_seed0.json"  # the shipped head's
 
 _WORK = click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/dflash_train"),
                      show_default=True, help="Cache folder for shards, checkpoints and trainer state.")
 _DATA = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
                      default=ROOT.parent / "shared" / "data", show_default=True, help="Shared data folder.")
 _SEED = click.option("--seed", type=int, default=0, show_default=True, help="Seed of prompts, init and anchors.")
-_THREADS = click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
+_CHECKPOINT = click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
+                           show_default=True, help="Drafter checkpoint (the shipped head by default).")
+_THREADS = click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 
 
 def _setup(threads: int, seed: int) -> None:
@@ -91,18 +94,25 @@ def train_drafter() -> None:
 @click.option("--gsm8k", type=int, default=1500, show_default=True, help="GSM8K train prompts (MIT).")
 @click.option("--mbpp", type=int, default=464, show_default=True, help="MBPP task_id 511-974 prompts (CC-BY-4.0).")
 @click.option("--self-chat", type=int, default=600, show_default=True, help="User prompts the target writes itself.")
+@click.option("--self-chat-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Reuse these target-written prompts (JSON list) instead of sampling new ones.")
 @click.option("--alpaca", type=int, default=0, show_default=True, help="Alpaca prompts (CC BY-NC: head becomes research-only).")
 @click.option("--code-alpaca", type=int, default=0, show_default=True, help="CodeAlpaca prompts (CC BY-NC: research-only).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Generation batch size.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
 @click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
-def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, self_chat: int, alpaca: int,
-         code_alpaca: int, batch_size: int, max_new_tokens: int, gen_minutes: float) -> None:
+def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, self_chat: int,
+         self_chat_file: Path | None, alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int,
+         gen_minutes: float) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()
     written: list[str] = []
-    if self_chat > 0:
+    if self_chat_file is not None:
+        written = json.loads(self_chat_file.read_text())[:self_chat]
+        if len(written) < self_chat:
+            raise click.ClickException(f"{self_chat_file} holds {len(written)} prompts; --self-chat asks for {self_chat}")
+    elif self_chat > 0:
         cache = work / f"self_prompts_seed{seed}.json"
         if not cache.is_file() or len(json.loads(cache.read_text())) < self_chat:
             work.mkdir(parents=True, exist_ok=True)
@@ -177,19 +187,19 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER, show_default=True,
               help="Checkpoint folder written (the shipped head by default).")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Drafter block size L+1.")
-@click.option("--num-layers", type=int, default=1, show_default=True, help="Drafter layers.")
+@click.option("--num-layers", type=int, default=2, show_default=True, help="Drafter layers.")
 @click.option("--intermediate-size", type=int, default=1024, show_default=True, help="Drafter MLP width.")
 @click.option("--draft-layer-ids", default="1,8,15,22,29", show_default=True, help="Target layers the head reads.")
 @click.option("--vocab-size", type=int, default=8192, show_default=True,
               help="Reduced draft vocabulary (most frequent response tokens); 0 = the full target vocabulary.")
-@click.option("--train-minutes", type=float, default=40.0, show_default=True, help="Total time box (all resumed runs).")
+@click.option("--train-minutes", type=float, default=50.0, show_default=True, help="Total time box (all resumed runs).")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
-@click.option("--anchors", type=int, default=32, show_default=True, help="Blocks sampled per sequence per step.")
-@click.option("--seqs-per-step", type=int, default=2, show_default=True, help="Sequences per optimizer step.")
-@click.option("--lr", type=float, default=2e-3, show_default=True, help="Peak AdamW learning rate (cosine over time).")
+@click.option("--anchors", type=int, default=16, show_default=True, help="Blocks sampled per sequence per step.")
+@click.option("--seqs-per-step", type=int, default=4, show_default=True, help="Sequences per optimizer step.")
+@click.option("--lr", type=float, default=1.5e-3, show_default=True, help="Peak AdamW learning rate (cosine over time).")
 @click.option("--gamma", type=float, default=7.0, show_default=True, help="DFlash position-decay constant of the loss.")
 @click.option("--bf16/--fp32", "bf16", default=True, show_default=True, help="bf16 autocast of the matmuls.")
-@click.option("--eval-every-min", type=float, default=5.0, show_default=True, help="Validation tau period.")
+@click.option("--eval-every-min", type=float, default=8.0, show_default=True, help="Validation tau period.")
 @click.option("--val-shards", type=int, default=2, show_default=True,
               help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue from --work's trainer state.")
@@ -274,8 +284,7 @@ def _write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
 @train_drafter.command("calibrate")
 @_WORK
 @_THREADS
-@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
-              show_default=True, help="Drafter checkpoint to calibrate (its config.json is updated).")
+@_CHECKPOINT
 @click.option("--val-shards", type=int, default=2, show_default=True, help="Validation shards per data run.")
 def calibrate(work: Path, threads: int, checkpoint: Path, val_shards: int) -> None:
     """Fit the plug-in mass calibration (acceptance ~= rho ** beta) on the validation split."""
@@ -320,14 +329,16 @@ def format_report(res: dict) -> str:
 @train_drafter.command("report")
 @_WORK
 @_THREADS
-@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
-              show_default=True, help="Drafter checkpoint to score.")
+@_CHECKPOINT
 @click.option("--prompts", type=int, default=40, show_default=True, help="Held-out prompts per domain.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the report as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also plot R per budget and depth-1 reliability (PNG).")
-def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: Path | None, plot: Path | None) -> None:
+@click.option("--training-curve", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also plot the checkpoint's loss and validation tau against time (PNG).")
+def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: Path | None, plot: Path | None,
+           training_curve: Path | None) -> None:
     """Greedy replay of held-out prompts: committed round length R per domain and method."""
     from runtime.drafter import load_drafter
 
@@ -346,6 +357,10 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
         from perf.plots import plot_acceptance_report
 
         plot_acceptance_report(res, plot)
+    if training_curve is not None:
+        from perf.plots import plot_training_curve
+
+        plot_training_curve(json.loads((checkpoint / "training.json").read_text()), training_curve)
 
 
 @train_drafter.command("recipe")
@@ -355,10 +370,11 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
     """Rebuild the shipped head: data, held-out data, training and report with its settings."""
-    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads)
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=SELF_CHAT_RECORD)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
     ctx.invoke(train, work=work, threads=threads, resume=False)
-    ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png")
+    ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
+               training_curve=work / "training_curve.png")
 
 
 if __name__ == "__main__":
