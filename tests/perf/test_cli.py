@@ -38,3 +38,14 @@ def test_sweep_table_puts_the_oracle_next_to_the_predicted_width():
     row = sweep_table(summary, [3, 7])
     assert row["oracle_width"] == 7 and row["predicted_width"] == 6.1
     assert row["gap_pp"] == pytest.approx(100 * (10 / 8.2 - 1 - 0.25))
+
+
+def test_sweep_reports_of_disjoint_domains_merge_and_overlaps_are_refused():
+    from perf.sweep_merge import merge_sweeps
+
+    a = {"sweep": {"gsm8k": {"oracle_width": 3}}, "domains": {"gsm8k": {"summary": []}}}
+    b = {"sweep": {"mt_bench": {"oracle_width": 7}}, "domains": {"mt_bench": {"summary": []}}}
+    merged = merge_sweeps([a, b])
+    assert set(merged["sweep"]) == set(merged["domains"]) == {"gsm8k", "mt_bench"}
+    with pytest.raises(ValueError, match="more than one sweep report"):
+        merge_sweeps([a, a])

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The committed CPU measurements of the shipped head, in the order they were taken on a
+# 2-core machine (each figure is a side-by-side run; one torch thread per pinned core):
+#   1. held-out continuations (GSM8K test, HumanEval, MT-Bench; 40 each) for the replay report
+#   2. verify-cost probe of this CPU (core 0)  ||  drafter-training lever speeds (core 1)
+#   3. acceptance report (greedy replay, chain R and CAST R per budget, depth-1 reliability)
+#   4. width sweep, 20 prompts x 128 tokens per domain: gsm8k+humaneval on core 0 || mt_bench on core 1,
+#      then AR vs chain vs CAST auto on GSM8K on core 1
+# Uses the shipped head and $WORK (default /tmp/dflash_train) for caches. About 60 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bootstrap.sh
+WORK="${WORK:-/tmp/dflash_train}"
+R=perf/results
+PROFILE=cast_trtllm/profiles/measured/cpu-smollm2-135m-fp32.json
+export OMP_NUM_THREADS=1
+
+[ -d "$WORK/heldout/mt_bench" ] || cast-trtllm train-drafter heldout --work "$WORK" --threads 2
+
+taskset -c 0 cast-trtllm probe --sku cpu --target embedded --prefix 256,512 \
+  --packed 1,2,4,8,16,24,32,48,64,96,128 --warmup 4 --iters 20 --threads 1 --no-progress \
+  --note "pinned to core 0 while perf.drafter_train_speed ran on core 1" --out "$R/probe_cpu_smollm2_fp32.json" &
+taskset -c 1 python -m perf.drafter_train_speed --work "$WORK" --threads 1 --json "$R/drafter_train_speed.json" &
+wait
+cp "$R/probe_cpu_smollm2_fp32.json" "$PROFILE"
+
+cast-trtllm train-drafter report --work "$WORK" --threads 2 --json "$R/drafter/acceptance_report.json" \
+  --plot "$R/drafter/acceptance_report.png" --training-curve "$R/drafter/training_curve.png" \
+  | tee "$R/drafter/acceptance_report.txt"
+
+sweep() {  # core, domains, output stem
+  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --num-prompts 20 \
+    --max-new-tokens 128 --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" > "$WORK/$3.txt"
+}
+sweep 0 gsm8k,humaneval sweep_a &
+(sweep 1 mt_bench sweep_b  # core 1 then measures AR beside the chain and CAST auto while core 0 finishes
+ taskset -c 1 cast-trtllm bench --dataset gsm8k --methods ar,chain,cast:auto --num-prompts 20 --max-new-tokens 128 \
+   --width-profile "$PROFILE" --no-progress --report-json "$R/bench_ar_chain_auto_gsm8k.json" > "$WORK/bench_ar.txt") &
+wait
+python -m perf.sweep_merge "$WORK/sweep_a.json" "$WORK/sweep_b.json" --out "$R/width_sweep_cpu.json" \
+  --plot "$R/width_sweep_cpu.png" | tee "$R/width_sweep_cpu.table.md"
