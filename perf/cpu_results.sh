@@ -14,6 +14,9 @@ WORK="${WORK:-/tmp/dflash_train}"
 R=perf/results
 PROFILE=cast_trtllm/profiles/measured/cpu-smollm2-135m-fp32.json
 export OMP_NUM_THREADS=1
+SWEEP_PROMPTS="${SWEEP_PROMPTS:-20}"  # per domain; the committed sweep used 10 (time box of the session)
+
+if [ "${ONLY_SWEEP:-0}" != 1 ]; then
 
 [ -d "$WORK/heldout/mt_bench" ] || cast-trtllm train-drafter heldout --work "$WORK" --threads 2
 
@@ -27,14 +30,15 @@ cp "$R/probe_cpu_smollm2_fp32.json" "$PROFILE"
 cast-trtllm train-drafter report --work "$WORK" --threads 2 --json "$R/drafter/acceptance_report.json" \
   --plot "$R/drafter/acceptance_report.png" --training-curve "$R/drafter/training_curve.png" \
   | tee "$R/drafter/acceptance_report.txt"
+fi
 
 sweep() {  # core, domains, output stem
-  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --num-prompts 20 \
+  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --num-prompts "$SWEEP_PROMPTS" \
     --max-new-tokens 128 --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" > "$WORK/$3.txt"
 }
 sweep 0 gsm8k,humaneval sweep_a &
 (sweep 1 mt_bench sweep_b  # core 1 then measures AR beside the chain and CAST auto while core 0 finishes
- taskset -c 1 cast-trtllm bench --dataset gsm8k --methods ar,chain,cast:auto --num-prompts 20 --max-new-tokens 128 \
+ taskset -c 1 cast-trtllm bench --dataset gsm8k --methods ar,chain,cast:auto --num-prompts "$SWEEP_PROMPTS" --max-new-tokens 128 \
    --width-profile "$PROFILE" --no-progress --report-json "$R/bench_ar_chain_auto_gsm8k.json" > "$WORK/bench_ar.txt") &
 wait
 python -m perf.sweep_merge "$WORK/sweep_a.json" "$WORK/sweep_b.json" --out "$R/width_sweep_cpu.json" \
