@@ -69,15 +69,22 @@ def score_anchors(
     )
 
 
-def greedy_accept(tree: Tree, continuation: np.ndarray) -> int:
-    """Length A of the longest tree path equal to the start of `continuation`."""
-    node, depth = -1, 0  # -1: the pending root
-    while depth < len(continuation):
-        match = np.flatnonzero((tree.parent == node) & (tree.tokens == continuation[depth]))
+def accepted_path(tree: Tree, continuation: np.ndarray) -> list[int]:
+    """Node indices of the longest tree path equal to the start of `continuation`."""
+    path: list[int] = []
+    node = -1  # the pending root
+    while len(path) < len(continuation):
+        match = np.flatnonzero((tree.parent == node) & (tree.tokens == continuation[len(path)]))
         if match.size == 0:
             break
-        node, depth = int(match[0]), depth + 1
-    return depth
+        node = int(match[0])
+        path.append(node)
+    return path
+
+
+def greedy_accept(tree: Tree, continuation: np.ndarray) -> int:
+    """Length A of the longest tree path equal to the start of `continuation`."""
+    return len(accepted_path(tree, continuation))
 
 
 def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
@@ -144,13 +151,7 @@ def node_hits(scores: AnchorScores, budget: int) -> tuple[np.ndarray, np.ndarray
         p = scores.prompt_len + a
         tree = build_tree(scores.topk_ids[a], np.minimum(scores.topk_logprobs[a], 0.0), budget)
         on_path = np.zeros(tree.size, dtype=bool)
-        node, depth, cont = -1, 0, scores.ids[p + 1 :]
-        while depth < len(cont):
-            match = np.flatnonzero((tree.parent == node) & (tree.tokens == cont[depth]))
-            if match.size == 0:
-                break
-            node, depth = int(match[0]), depth + 1
-            on_path[node] = True
+        on_path[accepted_path(tree, scores.ids[p + 1 :])] = True
         logmass.append(tree.score)
         hit.append(on_path)
     return np.concatenate(logmass), np.concatenate(hit)
