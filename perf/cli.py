@@ -31,6 +31,9 @@ _PROFILE = click.option("--width-profile", type=click.Path(dir_okay=False), defa
 _OPTIONS = click.option("--extra-llm-api-options", "options_path", type=click.Path(dir_okay=False), default=None,
                         help="YAML with a TensorRT-LLM-style speculative_config block (decoding_type CAST).")
 _NUM = click.option("--num-prompts", type=int, default=None, help="Use the first N prompts (default: all).")
+_SKIP = click.option("--skip-prompts", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Drop the first K of those prompts (shard one set across cores: "
+                          "--num-prompts 20 --skip-prompts 14 runs prompts 14..19).")
 _MAX_NEW = click.option("--max-new-tokens", type=int, default=None,
                         help="Token budget for every request and method (default: each row's output_tokens).")
 _COMMON = [
@@ -97,13 +100,17 @@ def _session(drafter: str | None, width_profile: str | None, spec: SpeculativeCo
 
 
 def _run(dataset: str, specs: list[MethodSpec], session, num_prompts, max_new_tokens, data_dir, temperature,
-         seed, no_progress, settings: dict[str, Any]) -> dict[str, Any]:
+         seed, no_progress, settings: dict[str, Any], skip_prompts: int = 0) -> dict[str, Any]:
     requests = load_dataset(dataset, num_prompts, max_new_tokens, data_dir)
+    if skip_prompts >= len(requests):
+        raise ValueError(f"--skip-prompts {skip_prompts} leaves none of the {len(requests)} prompts of {dataset}")
+    requests = requests[skip_prompts:]
     bench = run_bench(requests, specs, session, session.encode, SamplingParams(temperature, seed=seed),
                       progress=not no_progress)
     report = build_report(bench, dataset, [r.output_tokens for r in requests], session.engine,
                           {**settings, "temperature": temperature, "seed": seed,
-                           "methods": [s.label for s in specs], "num_prompts": len(requests)})
+                           "methods": [s.label for s in specs], "num_prompts": len(requests),
+                           "skip_prompts": skip_prompts})
     report["_bench"] = bench  # popped by callers that need per-request data
     return report
 
@@ -183,38 +190,55 @@ def _emit(report: dict[str, Any], report_json: str | None, as_json: bool) -> Non
 
 # ------------------------------------------------------------------------------ sweep
 def sweep_table(summary: list[dict[str, Any]], budgets: list[int]) -> dict[str, Any]:
-    """Paper Table 2 row for one domain: predicted (auto) vs sweep-oracle width."""
+    """Paper Table 2 row for one domain: predicted (auto) vs sweep-oracle width.
+
+    `auto` is the product's width (policy + draft gate); `ungated` the width policy alone.
+    gap_pp = 100 * (gain of auto - gain of the best swept budget), both over the chain.
+    """
     rows = {r["method"]: r for r in summary}
     gains = {n: rows[f"cast:{n}"]["gain_over_chain"] for n in budgets}
     oracle = max(budgets, key=lambda n: gains[n])
-    auto = rows.get("cast:auto")
     out = {"ms_per_token": {n: rows[f"cast:{n}"]["ms_per_token"] for n in budgets},
            "chain_ms_per_token": rows["chain"]["ms_per_token"],
+           "ar_ms_per_token": rows["ar"]["ms_per_token"] if "ar" in rows else None,
            "gain_over_chain": gains, "oracle_width": oracle, "oracle_gain": gains[oracle],
-           "gain_at_widest": gains[budgets[-1]], "predicted_width": None, "predicted_gain": None, "gap_pp": None}
-    if auto is not None:
-        out |= {"predicted_width": auto["mean_budget"], "predicted_gain": auto["gain_over_chain"],
-                "gap_pp": 100 * (auto["gain_over_chain"] - gains[oracle])}
+           "gain_at_widest": gains[budgets[-1]]}
+    for key, label in (("", "cast:auto"), ("ungated_", "cast:auto-ungated")):
+        row = rows.get(label)
+        out |= {f"{key}predicted_width": None if row is None else row["mean_budget"],
+                f"{key}predicted_gain": None if row is None else row["gain_over_chain"],
+                f"{key}gap_pp": None if row is None else 100 * (row["gain_over_chain"] - gains[oracle]),
+                f"{key}drafted_share": None if row is None else row.get("drafted_share")}
     return out
 
 
 def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
-    lines = ["| domain | N* (mean auto width) | gain at N* | oracle width (gain) | gap (pp) | gain at widest N |",
-             "|---|---|---|---|---|---|"]
+    def pct(value: float | None, spec: str = "+.1f") -> str:
+        return "-" if value is None else format(100 * value, spec)
+
+    lines = ["| domain | auto: mean N (drafted rounds) | gain | gap (pp) | ungated: mean N | gain | gap (pp) "
+             "| oracle width (gain) | gain at widest N |", "|---|---|---|---|---|---|---|---|---|"]
     for domain, s in sweep.items():
-        pred = "-" if s["predicted_width"] is None else f"{s['predicted_width']:.1f}"
-        pgain = "-" if s["predicted_gain"] is None else f"{100 * s['predicted_gain']:+.1f}%"
-        gap = "-" if s["gap_pp"] is None else f"{s['gap_pp']:+.1f}"
-        lines.append(f"| {domain} | {pred} | {pgain} | {s['oracle_width']} ({100 * s['oracle_gain']:+.1f}%) "
-                     f"| {gap} | {100 * s['gain_at_widest']:+.1f}% |")
+        cells = []
+        for key in ("", "ungated_"):
+            width, share = s.get(f"{key}predicted_width"), s.get(f"{key}drafted_share")
+            head = "-" if width is None else f"{width:.1f}" + ("" if key or share is None else f" ({pct(share, '.0f')}%)")
+            gap = s.get(f"{key}gap_pp")
+            cells += [head, pct(s.get(f"{key}predicted_gain")) + ("%" if s.get(f"{key}predicted_gain") is not None else ""),
+                      "-" if gap is None else f"{gap:+.1f}"]
+        lines.append(f"| {domain} | " + " | ".join(cells) + f" | {s['oracle_width']} ({pct(s['oracle_gain'])}%) "
+                     f"| {pct(s['gain_at_widest'])}% |")
     return "\n".join(lines)
 
 
 @click.command()
 @click.option("--dataset", required=True, help="Comma list of named sets or JSONL files (one domain each).")
 @click.option("--budgets", default="1,3,7,15,31,63", show_default=True, help="Comma list of CAST budgets N.")
-@click.option("--no-auto", is_flag=True, help="Skip cast:auto (no width profile needed).")
+@click.option("--no-auto", is_flag=True, help="Skip cast:auto and cast:auto-ungated (no width profile needed).")
+@click.option("--no-ar", is_flag=True, help="Skip the autoregressive reference row.")
+@click.option("--no-ungated", is_flag=True, help="Skip cast:auto-ungated (the width policy without the draft gate).")
 @_NUM
+@_SKIP
 @_MAX_NEW
 @click.option("--report-json", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the tables.")
@@ -224,19 +248,20 @@ def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
 @_PROFILE
 @_DATA_DIR
 @_common
-def sweep(dataset, budgets, no_auto, num_prompts, max_new_tokens, report_json, as_json, plot, options_path, drafter,
+def sweep(dataset, budgets, no_auto, no_ar, no_ungated, num_prompts, skip_prompts, max_new_tokens, report_json, as_json, plot, options_path, drafter,
           width_profile, data_dir, temperature, seed, rank_cap, ignore_eos, no_chat, no_progress) -> None:
-    """Width sweep: ms/token of chain and CAST at each budget N, sweep oracle vs predicted auto width."""
+    """Width sweep: ms/token of AR, chain and CAST at each budget N, sweep oracle vs predicted auto width."""
     try:
         ns = sorted({int(b) for b in budgets.split(",")})
         if not ns or ns[0] < 1:
             raise ValueError(f"--budgets {budgets!r}: expected positive integers")
-        specs = [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns] + ([] if no_auto else [MethodSpec("cast")])
+        specs = ([] if no_ar else [MethodSpec("ar")]) + [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns]
+        specs += [] if no_auto else [MethodSpec("cast", draft_gate=True)] + ([] if no_ungated else [MethodSpec("cast")])
         session = _session(drafter, width_profile, _speculative(options_path), rank_cap, ignore_eos, no_chat)
         domains = {}
         for name in (d.strip() for d in dataset.split(",")):
             domains[name] = _run(name, specs, session, num_prompts, max_new_tokens, data_dir, temperature, seed,
-                                 no_progress, {"command": "sweep", "budgets": ns})
+                                 no_progress, {"command": "sweep", "budgets": ns}, skip_prompts)
             domains[name].pop("_bench")
     except (ValueError, DatasetError) as err:
         raise _fail(err) from None

@@ -4,9 +4,9 @@
 #   1. held-out continuations (GSM8K test, HumanEval, MT-Bench; 40 each) for the replay report
 #   2. verify-cost probe of this CPU (core 0)  ||  drafter-training lever speeds (core 1)
 #   3. acceptance report (greedy replay, chain R and CAST R per budget, depth-1 reliability)
-#   4. width sweep, 20 prompts x 128 tokens per domain: gsm8k+humaneval on core 0 || mt_bench on core 1,
-#      then AR vs chain vs CAST auto on GSM8K on core 1
-# Uses the shipped head and $WORK (default /tmp/dflash_train) for caches. About 60 minutes.
+#   4. width sweep, 20 prompts x 128 tokens per domain (AR, chain, CAST N = 1..63, auto with and
+#      without the draft gate), sharded over the two cores by measured cost (about 80 minutes)
+# Uses the shipped head and $WORK (default /tmp/dflash_train) for caches. About 100 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
@@ -32,14 +32,16 @@ cast-trtllm train-drafter report --work "$WORK" --threads 2 --json "$R/drafter/a
   | tee "$R/drafter/acceptance_report.txt"
 fi
 
-sweep() {  # core, domains, output stem
-  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --num-prompts "$SWEEP_PROMPTS" \
-    --max-new-tokens 128 --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" > "$WORK/$3.txt"
+sweep() {  # core, domain, output stem, extra flags (prompt shard)
+  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --max-new-tokens 128 \
+    --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" "${@:4}" > "$WORK/$3.txt"
 }
-sweep 0 gsm8k,humaneval sweep_a &
-(sweep 1 mt_bench sweep_b  # core 1 then measures AR beside the chain and CAST auto while core 0 finishes
- taskset -c 1 cast-trtllm bench --dataset gsm8k --methods ar,chain,cast:auto --num-prompts "$SWEEP_PROMPTS" --max-new-tokens 128 \
-   --width-profile "$PROFILE" --no-progress --report-json "$R/bench_ar_chain_auto_gsm8k.json" > "$WORK/bench_ar.txt") &
+# Balanced by measured cost (mt_bench > humaneval > gsm8k per prompt): HumanEval is split by prompt.
+HE_SPLIT=$(( SWEEP_PROMPTS * 3 / 10 ))
+(sweep 0 humaneval sweep_he_a --num-prompts "$HE_SPLIT"
+ sweep 0 mt_bench sweep_mt --num-prompts "$SWEEP_PROMPTS") &
+(sweep 1 gsm8k sweep_gsm --num-prompts "$SWEEP_PROMPTS"
+ sweep 1 humaneval sweep_he_b --num-prompts "$SWEEP_PROMPTS" --skip-prompts "$HE_SPLIT") &
 wait
-python -m perf.sweep_merge "$WORK/sweep_a.json" "$WORK/sweep_b.json" --out "$R/width_sweep_cpu.json" \
+python -m perf.sweep_merge "$WORK"/sweep_{gsm,he_a,he_b,mt}.json --out "$R/width_sweep_cpu.json" \
   --plot "$R/width_sweep_cpu.png" | tee "$R/width_sweep_cpu.table.md"

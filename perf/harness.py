@@ -3,9 +3,10 @@
 Timing protocol (paper App. D): every method runs the same prompts, the same token
 budget and the same `runtime.decoder.Decoder` loop; the decode-only window of
 `runtime.result.Timings` (prefill and the first draft excluded) gives ms/token. Methods
-are interleaved per prompt (prompt 1: ar, chain, cast; prompt 2: ...), so slow drift of
-a shared machine hits every method alike. Every method is warmed up once on the first
-prompt before anything is timed.
+are interleaved per prompt and their order rotates from prompt to prompt (prompt 1: ar,
+chain, cast; prompt 2: chain, cast, ar; ...), so slow drift of a shared machine, and
+whatever one method leaves behind for the next (allocator, caches), hits every method
+alike. Every method is warmed up once on the first prompt before anything is timed.
 """
 
 from __future__ import annotations
@@ -23,18 +24,26 @@ WARMUP_TOKENS = 16
 
 @dataclass(frozen=True, slots=True)
 class MethodSpec:
-    """One benchmarked configuration: `ar`, `chain`, `cast:N` or `cast:auto`, optionally
-    with a LOSSY relaxed acceptance rule (`cast_trtllm.relaxed.RelaxedRule`)."""
+    """One benchmarked configuration: `ar`, `chain`, `cast:N`, `cast:auto` (width policy
+    plus the draft gate, `cast_trtllm.draft_gate`) or `cast:auto-ungated` (width policy
+    only), optionally with a LOSSY relaxed acceptance rule (`cast_trtllm.relaxed.RelaxedRule`)."""
 
     method: str              # ar | chain | cast
     budget: int | None = None  # cast: fixed N; None = auto (width profile)
     relaxed: Any = None      # RelaxedRule | None
+    draft_gate: bool = False  # cast:auto: skip drafting where AR measures faster
+
+    def __post_init__(self) -> None:
+        if self.draft_gate and not (self.method == "cast" and self.budget is None):
+            raise ValueError("the draft gate belongs to cast:auto")
 
     @property
     def base_label(self) -> str:
         if self.method != "cast":
             return self.method
-        return f"cast:{'auto' if self.budget is None else self.budget}"
+        if self.budget is not None:
+            return f"cast:{self.budget}"
+        return "cast:auto" if self.draft_gate else "cast:auto-ungated"
 
     @property
     def label(self) -> str:
@@ -44,18 +53,18 @@ class MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """`ar,chain,cast:15,cast:auto` -> specs; bare `cast` means `cast:auto`."""
+    """`ar,chain,cast:15,cast:auto,cast:auto-ungated` -> specs; bare `cast` means `cast:auto`."""
     specs = []
     for item in (s.strip() for s in text.split(",")):
         name, _, arg = item.partition(":")
         if name in ("ar", "chain") and not arg:
             specs.append(MethodSpec(name))
-        elif name == "cast" and arg in ("", "auto"):
-            specs.append(MethodSpec("cast"))
+        elif name == "cast" and arg in ("", "auto", "auto-ungated"):
+            specs.append(MethodSpec("cast", draft_gate=arg != "auto-ungated"))
         elif name == "cast" and arg.isdigit() and int(arg) >= 1:
             specs.append(MethodSpec("cast", int(arg)))
         else:
-            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto or cast:N (N >= 1)")
+            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto, cast:auto-ungated or cast:N (N >= 1)")
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--methods lists a method twice: {labels}")
@@ -94,7 +103,7 @@ def run_bench(
     warmup: bool = True,
     progress: bool = True,
 ) -> BenchRun:
-    """Decode every request with every method (interleaved per prompt) and collect results.
+    """Decode every request with every method (interleaved per prompt, order rotated) and collect results.
 
     `max_new_tokens` overrides each request's `output_tokens`. At T > 0 each request gets
     the same seed for every method (seed + task index), so runs are reproducible.
@@ -110,7 +119,8 @@ def run_bench(
     out = BenchRun(list(specs), {s.label: [] for s in specs})
     bar = tqdm(total=len(requests) * len(specs), desc="bench", unit="run", disable=not progress)
     for i, (request, ids) in enumerate(zip(requests, prompts)):
-        for spec in specs:
+        shift = i % len(specs)
+        for spec in [*specs[shift:], *specs[:shift]]:
             bar.set_postfix_str(f"task {request.task_id} {spec.label}")
             result, tvs = decode(ids, spec, budgets[i], replace(sampling, seed=base_seed + i))
             out.runs[spec.label].append(RequestRun(request.task_id, len(ids), result, tvs))

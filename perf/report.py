@@ -62,6 +62,7 @@ def method_block(spec: MethodSpec, runs: Sequence[RequestRun]) -> dict[str, Any]
     ms_per_token = decode_ms / total_tokens if total_tokens else 0.0
     rounds = [R for g in results for R in g.accept_lengths]
     budgets = [N for g in results for N in g.budgets]
+    drafted = [d for g in results for d in g.drafted]
     split = {name: sum(getattr(x, f"{name}_ms") for x in t) for name in ("draft", "verify", "overhead")}
     performance = {
         "decode_ms_per_token": ms_per_token,
@@ -86,6 +87,7 @@ def method_block(spec: MethodSpec, runs: Sequence[RequestRun]) -> dict[str, Any]
         "num_draft_tokens_percentiles": percentiles(budgets),
         "draft_acceptance_rate_percentiles": percentiles(
             [(R - 1) / N for R, N in zip(rounds, budgets) if N > 0]),
+        "drafted_round_share": float(np.mean(drafted)) if drafted and spec.method != "ar" else None,
     }
     return {
         "label": spec.label,
@@ -96,10 +98,18 @@ def method_block(spec: MethodSpec, runs: Sequence[RequestRun]) -> dict[str, Any]
                          "finish_reasons": dict(Counter(g.finish_reason for g in results))},
         "performance": performance,
         "decoding_stats": decoding_stats,
-        "requests": [{"task_id": r.task_id, "input_length": r.prompt_tokens, "output_length": len(r.result.token_ids),
-                      "decode_ms_per_token": r.result.decode_ms_per_token, "mean_R": r.result.mean_accept_length,
-                      "ttft_ms": r.result.timings.ttft_ms} for r in runs],
+        "requests": [request_row(r) for r in runs],
     }
+
+
+def request_row(run: RequestRun) -> dict[str, Any]:
+    """Per-request figures, enough to re-pool a method's summary over prompt shards."""
+    g, t = run.result, run.result.timings
+    return {"task_id": run.task_id, "input_length": run.prompt_tokens, "output_length": len(g.token_ids),
+            "decode_ms_per_token": g.decode_ms_per_token, "mean_R": g.mean_accept_length, "ttft_ms": t.ttft_ms,
+            "decode_ms": t.decode_ms, "num_rounds": g.num_rounds, "sum_budget": sum(g.budgets),
+            "drafted_rounds": sum(g.drafted),
+            "time_split_ms": {"draft": t.draft_ms, "verify": t.verify_ms, "overhead": t.overhead_ms}}
 
 
 def summarize(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,6 +128,7 @@ def summarize(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "gain_over_chain": t["chain"] / mine - 1.0 if "chain" in t and mine else None,
             "mean_R": al.get("average"),
             "mean_budget": nd.get("average"),
+            "drafted_share": d.get("drafted_round_share"),
             "ttft_ms": p["avg_time_to_first_token_ms"],
             **{f"{k}_share": v for k, v in p["time_split_fraction"].items()},
         })

@@ -49,7 +49,8 @@ class DecodeSession:
         auto = spec.method == "cast" and spec.budget is None
         cfg = DecodeConfig(method=spec.method, budget=spec.budget or 1,
                            width_policy=self.policy(len(prompt_ids)) if auto else None,
-                           rank_cap=self.rank_cap, max_new_tokens=max_new_tokens, sampling=sampling)
+                           rank_cap=self.rank_cap, max_new_tokens=max_new_tokens, sampling=sampling,
+                           draft_gate=spec.draft_gate)
         if spec.relaxed is None:
             return self.decoder.generate(prompt_ids, cfg), None
         from perf.relaxed_eval import RelaxedDecoder, step_tvs

@@ -114,6 +114,7 @@ def _summary(result) -> str:
         ("new tokens", f"{len(result.token_ids)} ({result.finish_reason})"),
         ("rounds", result.num_rounds),
         ("mean committed length R", f"{result.mean_accept_length:.2f}"),
+        ("drafted rounds", f"{sum(result.drafted)} of {result.num_rounds}"),
         ("decode ms/token", f"{result.decode_ms_per_token:.1f}"),
         ("tokens/s", f"{result.tokens_per_s:.1f}"),
         ("TTFT ms", f"{t.ttft_ms:.1f}"),
@@ -134,6 +135,9 @@ def _summary(result) -> str:
 @click.option("--width-rule", type=click.Choice(["table", "marginal"]), default="table", show_default=True,
               help="--budget auto rule: 'table' maximizes (1+g(N))/latency over the profile's measured "
                    "buckets (exact at cliffs); 'marginal' is Theorem 2's stopping rule on the fitted slope.")
+@click.option("--draft-gate/--no-draft-gate", default=True, show_default=True,
+              help="--budget auto: skip drafting in rounds where measured AR rounds commit more tokens per ms "
+                   "(T > 0 output then keeps the target law but is not bit-reproducible from the seed).")
 @click.option("--extra-llm-api-options", "llm_api_options", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="TensorRT-LLM-style YAML whose speculative_config (decoding_type CAST|DFlash, "
                                  "speculative_model, budget, width_profile) overrides the flags above.")
@@ -157,7 +161,7 @@ def _summary(result) -> str:
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch CPU threads (default: torch's choice; 1 is faster on a busy shared CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + summary.")
-def generate(prompt, method, budget, profile_path, width_rule, llm_api_options, max_new_tokens, temperature, top_k, top_p, seed,
+def generate(prompt, method, budget, profile_path, width_rule, draft_gate, llm_api_options, max_new_tokens, temperature, top_k, top_p, seed,
              stop_strings, drafter_path, chat, device, dtype, threads, as_json) -> None:
     """Generate text with the embedded SmolLM2-135M target (lossless speculative decoding)."""
     if not prompt.strip():
@@ -202,6 +206,7 @@ def generate(prompt, method, budget, profile_path, width_rule, llm_api_options, 
         method=method,
         budget=15 if budget == "auto" else budget,
         width_policy=policy,
+        draft_gate=draft_gate and policy is not None,
         max_new_tokens=max_new_tokens,
         sampling=sampling,
         stop_strings=tuple(stop_strings),

@@ -4,7 +4,10 @@ The methods differ only in the tree each round verifies:
 - `ar`: the empty tree (pack = [b]); no drafter.
 - `chain`: standard DFlash, the top-1 token at each of the L block positions.
 - `cast`: the exact top-N tree by path product (fixed budget N, or a width policy's
-  per-round budget from the round's sorted prefix masses).
+  per-round budget from the round's sorted prefix masses). With `draft_gate`, a
+  `cast_trtllm.draft_gate.DraftGate` may also skip drafting for a round (an AR round on
+  the empty tree) when measured drafted rounds commit fewer tokens per ms than AR ones;
+  the drafter's feature cache is then caught up at the next drafted round.
 
 Round contract (ARCHITECTURE.md; paper §2, App. C). Entry: the target KV cache and the
 drafter feature cache cover x; the pending root b is committed but not yet run. Draft
@@ -21,6 +24,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
+from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.sampling import SamplingParams, sample_tokens
 from cast_trtllm.tree import Tree, build_chain, build_tree, sorted_prefix_masses, topk_per_position
 from cast_trtllm.verify import Acceptance, greedy_walk, stochastic_walk
@@ -59,6 +63,10 @@ class DecodeConfig:
     width_policy: WidthChooser | None = None
     rank_cap: int = 8  # K: tokens kept per drafted position (policy's own K wins)
     max_new_tokens: int = 128
+    draft_gate: bool = False  # cast: skip drafting in rounds where AR measures faster (DraftGate);
+    # which rounds draft then follows wall time, so T > 0 output keeps the target law but is
+    # not bit-reproducible from the seed
+    gate_probe_every: int = 16  # DraftGate.probe_every: rounds between tries of the other arm
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     stop_strings: tuple[str, ...] = ()
 
@@ -71,6 +79,8 @@ class DecodeConfig:
             raise ValueError(f"rank_cap must be >= 1, got {self.rank_cap}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.draft_gate and self.method != "cast":
+            raise ValueError(f"draft_gate applies to method 'cast', not {self.method!r}")
 
     @property
     def max_pack(self) -> int:
@@ -97,7 +107,7 @@ class Decoder:
 
     # ------------------------------------------------------------------ tree per method
     def _tree(self, cfg: DecodeConfig, draft_logits: torch.Tensor | None) -> Tree:
-        if cfg.method == "ar":
+        if cfg.method == "ar" or draft_logits is None:  # AR, or a round the draft gate left undrafted
             return Tree.empty()
         if cfg.method == "chain":
             ids, lp = topk_per_position(draft_logits, 1)
@@ -157,10 +167,13 @@ class Decoder:
 
         if reason is None:
             draft_logits = None
+            gate = DraftGate(probe_every=cfg.gate_probe_every) if cfg.draft_gate else None
+            pending_taps: list[torch.Tensor] = []  # committed taps not yet in the drafter (AR rounds)
             if speculative:
                 mark = clock.now()
                 draft_logits = self.drafter.draft(root)
                 t.first_draft_ms = (clock.now() - mark) * 1e3
+            round_draft_ms = t.first_draft_ms  # the gate bills each round its own draft
             opened = clock.now()
             while reason is None:
                 mark = clock.now()
@@ -175,15 +188,24 @@ class Decoder:
                 tokens += acc.committed[:keep].tolist()
                 result.accept_lengths.append(keep)
                 result.budgets.append(tree.size)
+                result.drafted.append(draft_logits is not None)
                 draft_start = clock.now()
+                if gate is not None:
+                    round_ms = round_draft_ms + (draft_start - mark) * 1e3
+                    gate.record(draft_logits is not None, max(keep, 1), round_ms)
+                draft_logits = None
                 if reason is None:
                     root = acc.next_root
                     if speculative:
-                        self.drafter.append_context(taps)
-                        draft_logits = self.drafter.draft(root)
+                        pending_taps.append(taps)
+                        if gate is None or gate.draft_next():
+                            self.drafter.append_context(torch.cat(pending_taps) if len(pending_taps) > 1 else taps)
+                            pending_taps = []
+                            draft_logits = self.drafter.draft(root)
                 done = clock.now()
+                round_draft_ms = (done - draft_start) * 1e3
                 t.verify_ms += (verify_end - verify_start) * 1e3
-                t.draft_ms += (done - draft_start) * 1e3
+                t.draft_ms += round_draft_ms
                 t.overhead_ms += ((verify_start - mark) + (draft_start - verify_end)) * 1e3
             t.decode_ms = (clock.now() - opened) * 1e3
             result.finish_reason = reason

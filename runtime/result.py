@@ -44,6 +44,7 @@ class GenerationResult:
     prompt_tokens: int
     accept_lengths: list[int] = field(default_factory=list)  # committed R per round
     budgets: list[int] = field(default_factory=list)  # tree size N per round
+    drafted: list[bool] = field(default_factory=list)  # whether the round drafted (False: AR / gated)
     timings: Timings = field(default_factory=Timings)
 
     @property
@@ -75,6 +76,7 @@ class GenerationResult:
             "accept_lengths": self.accept_lengths,
             "mean_accept_length": self.mean_accept_length,
             "budgets": self.budgets,
+            "drafted": self.drafted,
             "decode_ms_per_token": self.decode_ms_per_token,
             "tokens_per_s": self.tokens_per_s,
             "timings": asdict(self.timings),

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from perf.cli import bench, prepare_dataset, sweep_table
+from perf.cli import bench, format_sweep, prepare_dataset, sweep_table
 from perf.datasets import default_data_dir, read_requests
 
 
@@ -35,9 +35,13 @@ def test_sweep_table_puts_the_oracle_next_to_the_predicted_width():
                {"method": "cast:3", "ms_per_token": 9.0, "gain_over_chain": 10 / 9 - 1, "mean_budget": 3.0},
                {"method": "cast:7", "ms_per_token": 8.0, "gain_over_chain": 0.25, "mean_budget": 7.0},
                {"method": "cast:auto", "ms_per_token": 8.2, "gain_over_chain": 10 / 8.2 - 1, "mean_budget": 6.1}]
+    summary.append({"method": "cast:auto-ungated", "ms_per_token": 8.6, "gain_over_chain": 10 / 8.6 - 1,
+                    "mean_budget": 6.5, "drafted_share": 1.0})
     row = sweep_table(summary, [3, 7])
     assert row["oracle_width"] == 7 and row["predicted_width"] == 6.1
     assert row["gap_pp"] == pytest.approx(100 * (10 / 8.2 - 1 - 0.25))
+    assert row["ungated_gap_pp"] == pytest.approx(100 * (10 / 8.6 - 1 - 0.25)) and row["ar_ms_per_token"] is None
+    assert "| 6.1 |" in format_sweep({"x": row}) and "| 6.5 |" in format_sweep({"x": row})
 
 
 def test_sweep_reports_of_disjoint_domains_merge_and_overlaps_are_refused():

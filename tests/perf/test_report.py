@@ -14,10 +14,23 @@ SPECS = [MethodSpec("ar"), MethodSpec("chain"), MethodSpec("cast", 5)]
 
 def test_methods_parse_with_fixed_and_auto_budgets():
     assert [s.label for s in parse_methods("ar, chain,cast:15,cast:auto")] == ["ar", "chain", "cast:15", "cast:auto"]
-    assert parse_methods("cast") == [MethodSpec("cast", None)]
+    assert parse_methods("cast") == [MethodSpec("cast", None, draft_gate=True)]
+    assert [s.label for s in parse_methods("cast:auto-ungated")] == ["cast:auto-ungated"]
     for bad in ("cast:0", "tree", "chain:3", "ar,ar"):
         with pytest.raises(ValueError, match="--methods"):
             parse_methods(bad)
+
+
+def test_method_order_rotates_from_prompt_to_prompt_so_no_method_always_runs_first(session):
+    order = []
+
+    def recording(ids, spec, max_new_tokens, sampling):
+        order.append(spec.label)
+        return session(ids, spec, max_new_tokens, sampling)
+
+    requests = [Request(i, 4, input_ids=(1, 2, 3 + i)) for i in range(3)]
+    run_bench(requests, SPECS, recording, session.encode, SamplingParams(0.0, seed=0), warmup=False, progress=False)
+    assert order == ["ar", "chain", "cast:5", "chain", "cast:5", "ar", "cast:5", "ar", "chain"]
 
 
 @pytest.fixture(scope="module")

@@ -192,3 +192,33 @@ def test_bf16_target_and_drafter_run_the_loop_and_keep_rope_in_fp32():
     assert drafter.drafter.fc.weight.dtype == torch.bfloat16
     out = _decoder(model, drafter).generate([1, 2, 3], DecodeConfig("cast", 15, max_new_tokens=12))
     assert len(out.token_ids) == 12
+
+
+@pytest.mark.parametrize("policy_budget", [None, 15])
+def test_draft_gate_mixes_ar_and_drafted_rounds_and_stays_lossless(tiny, policy_budget):
+    """probe_every=2 forces both arms to run whatever the timings say; the drafter's
+    feature cache is caught up after undrafted rounds, so later drafts still see x."""
+    drafter = DrafterExecutor(random_drafter(tiny.config, block_size=8, seed=3), tiny)
+    dec = _decoder(tiny, drafter)
+    policy = _CyclingPolicy() if policy_budget is None else None
+    for prompt in PROMPTS:
+        cfg = DecodeConfig("cast", policy_budget or 15, width_policy=policy, max_new_tokens=40,
+                           draft_gate=True, gate_probe_every=2)
+        out = dec.generate(prompt, cfg)
+        assert out.token_ids == _ar(tiny, prompt, 40)
+        assert len(out.drafted) == out.num_rounds and 0 < sum(out.drafted) < out.num_rounds
+        assert all(n == 0 for n, d in zip(out.budgets, out.drafted) if not d)  # undrafted = AR round
+        committed = len(prompt) + len(out.token_ids) - 1  # all but the last token were run
+        assert drafter.context_len in range(committed - 8, committed + 1)
+
+
+def test_draft_gate_catches_the_drafter_up_so_a_scripted_drafter_stays_on_script(tiny):
+    ref = _ar(tiny, PROMPTS[3], 48)
+    gated = _decoder(tiny, ScriptedDrafter(len(PROMPTS[3]), ref, vocab=64))
+    out = gated.generate(PROMPTS[3], DecodeConfig("cast", 4, max_new_tokens=48, draft_gate=True, gate_probe_every=2))
+    assert out.token_ids == ref and max(out.accept_lengths) >= 3 and not all(out.drafted)
+
+
+def test_draft_gate_needs_cast():
+    with pytest.raises(ValueError, match="draft_gate"):
+        DecodeConfig("chain", draft_gate=True)

@@ -92,3 +92,12 @@ def test_greedy_with_long_accepted_paths_equals_ar_and_kv_equals_fresh_prefill(e
     assert out.token_ids == ref
     assert out.mean_accept_length > 2  # multi-token rounds, incl. off-rank branches for CAST
     _assert_kv_equals_fresh_prefill(embedded, dec.target, ids + out.token_ids)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_greedy_cast_with_the_draft_gate_equals_ar(embedded, trained_decoder, prompt):
+    """probe_every=2 makes drafted and undrafted (AR) rounds alternate whatever the timings."""
+    out = trained_decoder.generate(_ids(embedded, prompt), DecodeConfig(
+        "cast", 15, max_new_tokens=NEW_TOKENS // 2, draft_gate=True, gate_probe_every=2))
+    assert out.token_ids == _ar(embedded, prompt)[:NEW_TOKENS // 2]
+    assert 0 < sum(out.drafted) < out.num_rounds

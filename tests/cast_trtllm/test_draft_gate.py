@@ -1,0 +1,54 @@
+"""The draft gate plays the arm (drafted round or AR round) with more tokens per measured ms."""
+
+import pytest
+
+from cast_trtllm.draft_gate import DraftGate
+
+
+def _play(gate: DraftGate, rounds: int, spec_tokens: float, spec_ms: float, ar_ms: float) -> list[bool]:
+    """Run `rounds` rounds against fixed arm outcomes; returns which rounds drafted."""
+    drafted = []
+    for _ in range(rounds):
+        d = gate.draft_next()
+        gate.record(d, round(spec_tokens) if d else 1, spec_ms if d else ar_ms)
+        drafted.append(d)
+    return drafted
+
+
+def test_first_round_drafts_and_second_measures_ar():
+    gate = DraftGate()
+    assert gate.draft_next()
+    gate.record(True, 3, 100.0)
+    assert not gate.draft_next()
+    gate.record(False, 1, 70.0)
+    assert gate.draft_next()  # 3 / 100 > 1 / 70
+
+
+def test_speculates_when_drafted_rounds_pay_and_still_probes_ar():
+    gate = DraftGate(probe_every=16)
+    drafted = _play(gate, 200, spec_tokens=2, spec_ms=100.0, ar_ms=70.0)  # 0.020 vs 0.014 tok/ms
+    assert sum(drafted) >= 185 and gate.rounds[1] >= 200 // 17  # AR is re-measured every 16 rounds
+
+
+def test_falls_back_to_ar_when_drafting_does_not_pay():
+    gate = DraftGate(probe_every=16)
+    drafted = _play(gate, 200, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)
+    assert sum(drafted) <= 200 // 16 + 2 and gate.rounds[0] >= 200 // 17  # drafting is re-tried
+
+
+def test_follows_a_change_of_domain_within_a_few_rounds():
+    gate = DraftGate(probe_every=8)
+    _play(gate, 60, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)  # chat-like: AR wins
+    later = _play(gate, 60, spec_tokens=4, spec_ms=100.0, ar_ms=70.0)  # math-like: drafting wins
+    assert sum(later[20:]) >= 40 - 40 // 8 - 1  # by then it speculates but for its AR probes
+
+
+@pytest.mark.parametrize("kwargs, message", [({"alpha": 0.0}, "alpha"), ({"probe_every": 1}, "probe_every")])
+def test_bad_gate_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DraftGate(**kwargs)
+
+
+def test_a_round_without_tokens_or_time_is_rejected():
+    with pytest.raises(ValueError, match="commits >= 1 token"):
+        DraftGate().record(True, 0, 10.0)
