@@ -271,7 +271,7 @@ def sweep(dataset, budgets, no_auto, no_ar, no_ungated, num_prompts, skip_prompt
         from perf.plots import plot_width_sweep
 
         plot_width_sweep({d: t["gain_over_chain"] for d, t in table.items()}, plot,
-                         {d: t["predicted_width"] for d, t in table.items() if t["predicted_width"] is not None})
+                         {d: t["predicted_gain"] for d, t in table.items() if t["predicted_gain"] is not None})
     if report_json:
         Path(report_json).parent.mkdir(parents=True, exist_ok=True)
         Path(report_json).write_text(json.dumps(report, indent=2) + "\n")

@@ -6,6 +6,7 @@
 #   3. acceptance report (greedy replay, chain R and CAST R per budget, depth-1 reliability)
 #   4. width sweep, 20 prompts x 128 tokens per domain (AR, chain, CAST N = 1..63, auto with and
 #      without the draft gate), sharded over the two cores by measured cost (about 80 minutes)
+#   5. the draft gate beside AR, chain and N = 1 (ONLY_GATE=1 runs just this step; about 30 minutes)
 # Uses the shipped head and $WORK (default /tmp/dflash_train) for caches. About 100 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,7 @@ cast-trtllm train-drafter report --work "$WORK" --threads 2 --json "$R/drafter/a
   | tee "$R/drafter/acceptance_report.txt"
 fi
 
+if [ "${ONLY_GATE:-0}" != 1 ]; then
 sweep() {  # core, domain, output stem, extra flags (prompt shard)
   taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --max-new-tokens 128 \
     --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" "${@:4}" > "$WORK/$3.txt"
@@ -45,3 +47,18 @@ HE_SPLIT=$(( SWEEP_PROMPTS * 3 / 10 ))
 wait
 python -m perf.sweep_merge "$WORK"/sweep_{gsm,he_a,he_b,mt}.json --out "$R/width_sweep_cpu.json" \
   --plot "$R/width_sweep_cpu.png" | tee "$R/width_sweep_cpu.table.md"
+fi
+
+# 5. The draft gate beside the swept optimum (N = 1 on this CPU): AR, chain, N = 1, auto, auto-ungated,
+#    20 prompts per domain, sharded over the two cores by measured cost (about 30 minutes)
+gate() {  # core, domain, output stem, extra flags
+  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1 --max-new-tokens 128 \
+    --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" "${@:4}" > "$WORK/$3.txt"
+}
+HE_GATE=$(( SWEEP_PROMPTS * 4 / 10 ))
+(gate 0 mt_bench gate_mt --num-prompts "$SWEEP_PROMPTS"
+ gate 0 humaneval gate_he_a --num-prompts "$HE_GATE") &
+(gate 1 gsm8k gate_gsm --num-prompts "$SWEEP_PROMPTS"
+ gate 1 humaneval gate_he_b --num-prompts "$SWEEP_PROMPTS" --skip-prompts "$HE_GATE") &
+wait
+python -m perf.sweep_merge "$WORK"/gate_{gsm,he_a,he_b,mt}.json --out "$R/width_gate_cpu.json" | tee "$R/width_gate_cpu.table.md"

@@ -1,7 +1,7 @@
 """PNG figures for perf reports (matplotlib, Agg backend: no display needed).
 
 - `plot_width_sweep`: gain over the chain vs budget N, one line per domain (paper Fig. 3),
-  with the predicted `auto` width marked per domain when given.
+  with the gain of `cast:auto` drawn as a level per domain when given.
 - `plot_verify_latency`: verify latency relative to a reference packed count vs packed
   tokens n, one line per width profile (paper Fig. 2), cliffs marked.
 - `plot_accept_histograms`: committed round length R per method.
@@ -35,7 +35,7 @@ def save_figure(fig: plt.Figure, out: str | Path) -> Path:
 def plot_width_sweep(
     gains: Mapping[str, Mapping[int, float]],  # domain -> {budget N: gain over chain (fraction)}
     out: str | Path,
-    predicted: Mapping[str, float] | None = None,  # domain -> mean auto width
+    auto_gain: Mapping[str, float] | None = None,  # domain -> gain of cast:auto (fraction)
     title: str = "Width sweep: gain over the chain vs budget N",
 ) -> Path:
     if not gains:
@@ -44,11 +44,11 @@ def plot_width_sweep(
     for domain, by_n in gains.items():
         n = sorted(by_n)
         line, = ax.plot(n, [100 * by_n[k] for k in n], marker="o", label=domain)
-        if predicted and domain in predicted:
-            ax.axvline(predicted[domain], color=line.get_color(), linestyle=":", linewidth=1)
+        if auto_gain and domain in auto_gain:  # auto mixes widths and undrafted rounds: a level, not an N
+            ax.axhline(100 * auto_gain[domain], color=line.get_color(), linestyle="--", linewidth=1)
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tree budget N (nonroot nodes); dotted: predicted auto width")
+    ax.set_xlabel("tree budget N (nonroot nodes); dashed: cast:auto of the same colour")
     ax.set_ylabel("gain over chain (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)

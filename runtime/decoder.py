@@ -40,6 +40,7 @@ class WidthChooser(Protocol):
 
     max_budget: int
     rank_cap: int
+    mass_exponent: float  # calibration beta: a node's acceptance ~= rho ** beta
 
     def choose(self, masses_desc: np.ndarray) -> Any:  # returns an object with `.budget`
         ...
@@ -120,6 +121,14 @@ class Decoder:
         budget = policy.choose(sorted_prefix_masses(lp, policy.max_budget)).budget
         return build_tree(ids, lp, int(budget))
 
+    @staticmethod
+    def _expected(cfg: DecodeConfig, tree: Tree, draft_logits: torch.Tensor | None) -> float | None:
+        """Forecast committed length of a drafted round: 1 + sum of calibrated node masses."""
+        if draft_logits is None:
+            return None
+        beta = cfg.width_policy.mass_exponent if cfg.width_policy is not None else 1.0  # fixed N: plug-in
+        return 1.0 + float((np.exp(tree.score) ** beta).sum())
+
     def _walk(self, cfg: DecodeConfig, tree: Tree, logits: torch.Tensor, gen: torch.Generator) -> Acceptance:
         if cfg.sampling.greedy:
             return greedy_walk(tree, logits.argmax(dim=-1))
@@ -192,7 +201,7 @@ class Decoder:
                 draft_start = clock.now()
                 if gate is not None:
                     round_ms = round_draft_ms + (draft_start - mark) * 1e3
-                    gate.record(draft_logits is not None, max(keep, 1), round_ms)
+                    gate.record(draft_logits is not None, max(keep, 1), round_ms, self._expected(cfg, tree, draft_logits))
                 draft_logits = None
                 if reason is None:
                     root = acc.next_root

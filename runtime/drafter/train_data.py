@@ -208,23 +208,39 @@ def build_dataset(
     """Write shards `shard_#####.pt` + `meta.json` under out_dir until prompts or time run out.
 
     Prompts are sorted by length inside each batch-sized window so that left padding
-    stays short; the window order keeps the shuffled source mix.
+    stays short; the window order keeps the shuffled source mix. Resumable: a shard
+    already on disk for a window (from an earlier, time-boxed run with the same prompts)
+    is checked against that window's prompts and kept, so a rerun continues the dataset;
+    `budget_s` bounds the new generation only.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    start, done, tokens, used = time.monotonic(), 0, 0, {}
+    done, tokens, used = 0, 0, {}
+    before = out_dir / "meta.json"
+    earlier_s = json.loads(before.read_text())["seconds"] if before.is_file() else 0.0
     eos, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
     encoded = [(name, chat_ids(tokenizer, p)) for name, p in prompts]
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     bar = tqdm(batches, desc="target greedy data", unit="batch")
+    generating = 0.0
     for k, chunk in enumerate(bar):
-        if time.monotonic() - start > budget_s:
+        path = out_dir / f"shard_{k:05d}.pt"
+        if path.is_file():
+            recs = torch.load(path, weights_only=True)
+            if [r["ids"][: r["prompt_len"]].tolist() for r in recs] != [ids for _, ids in chunk]:
+                raise ValueError(f"{path} holds other prompts than this run's window {k} (other pools, seed or "
+                                 f"batch size); use another --work folder or delete the old shards")
+        elif generating > budget_s:
             break
-        recs = generate_shard(model, [ids for _, ids in chunk], layer_ids, max_new_tokens, eos, pad)
-        for rec, (name, _) in zip(recs, chunk):
-            rec["source"] = name
-            used[name] = used.get(name, 0) + 1
-        torch.save(recs, out_dir / f"shard_{k:05d}.pt")
+        else:
+            mark = time.monotonic()
+            recs = generate_shard(model, [ids for _, ids in chunk], layer_ids, max_new_tokens, eos, pad)
+            for rec, (name, _) in zip(recs, chunk):
+                rec["source"] = name
+            torch.save(recs, path)
+            generating += time.monotonic() - mark
+        for rec in recs:
+            used[rec["source"]] = used.get(rec["source"], 0) + 1
         done += len(recs)
         tokens += sum(len(r["ids"]) - r["prompt_len"] for r in recs)
         bar.set_postfix(seqs=done, resp_tokens=tokens)
@@ -235,7 +251,7 @@ def build_dataset(
         "licences": {name: PROMPT_SOURCES[name].licence for name in used if name in PROMPT_SOURCES},
         "layer_ids": list(layer_ids),
         "max_new_tokens": max_new_tokens,
-        "seconds": round(time.monotonic() - start, 1),
+        "seconds": round(earlier_s + generating, 1),  # generation time over all runs
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta

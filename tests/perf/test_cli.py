@@ -44,12 +44,37 @@ def test_sweep_table_puts_the_oracle_next_to_the_predicted_width():
     assert "| 6.1 |" in format_sweep({"x": row}) and "| 6.5 |" in format_sweep({"x": row})
 
 
-def test_sweep_reports_of_disjoint_domains_merge_and_overlaps_are_refused():
+def _shard(task_ids, ms_per_round, skip):
+    """A one-domain sweep report (budgets [1]) whose requests take ms_per_round[label] per round."""
+    methods = ["chain", "cast:1", "cast:auto"]
+    runs = [{"label": m, "method": m.split(":")[0], "budget": None,
+             "requests": [{"task_id": t, "output_length": 10, "num_rounds": 5, "mean_R": 2.0, "decode_ms": 5 * ms,
+                           "sum_budget": 5, "drafted_rounds": 4, "ttft_ms": 1.0,
+                           "time_split_ms": {"draft": ms, "verify": 3 * ms, "overhead": ms}} for t in task_ids]}
+            for m, ms in ms_per_round.items()]
+    settings = {"methods": methods, "budgets": [1], "temperature": 0.0, "num_prompts": len(task_ids),
+                "skip_prompts": skip}
+    domain = {"engine": {}, "machine": {}, "settings": settings, "runs": runs, "summary": []}
+    return {"sweep": {"he": {}}, "domains": {"he": domain}}
+
+
+def test_sweep_reports_merge_by_domain_and_pool_prompt_shards_of_one_domain():
     from perf.sweep_merge import merge_sweeps
 
     a = {"sweep": {"gsm8k": {"oracle_width": 3}}, "domains": {"gsm8k": {"summary": []}}}
-    b = {"sweep": {"mt_bench": {"oracle_width": 7}}, "domains": {"mt_bench": {"summary": []}}}
-    merged = merge_sweeps([a, b])
-    assert set(merged["sweep"]) == set(merged["domains"]) == {"gsm8k", "mt_bench"}
-    with pytest.raises(ValueError, match="more than one sweep report"):
-        merge_sweeps([a, a])
+    fast = _shard([0, 1], {"chain": 40.0, "cast:1": 20.0, "cast:auto": 20.0}, 0)
+    slow = _shard([2, 3, 4], {"chain": 80.0, "cast:1": 60.0, "cast:auto": 50.0}, 2)
+    merged = merge_sweeps([a, fast, slow])
+    assert set(merged["sweep"]) == set(merged["domains"]) == {"gsm8k", "he"}
+    rows = {r["method"]: r for r in merged["domains"]["he"]["summary"]}
+    assert rows["cast:1"]["ms_per_token"] == pytest.approx((2 * 100 + 3 * 300) / 50)  # summed windows / tokens
+    assert rows["cast:auto"]["drafted_share"] == pytest.approx(0.8) and rows["cast:1"]["verify_share"] == 0.6
+    table = merged["sweep"]["he"]
+    assert table["oracle_width"] == 1 and table["gap_pp"] == pytest.approx(
+        100 * (rows["cast:auto"]["gain_over_chain"] - rows["cast:1"]["gain_over_chain"]))
+    with pytest.raises(ValueError, match="more than one shard"):
+        merge_sweeps([fast, fast])
+    other = _shard([5], {"chain": 1.0, "cast:1": 1.0, "cast:auto": 1.0}, 5)
+    other["domains"]["he"]["settings"]["budgets"] = [3]
+    with pytest.raises(ValueError, match="shards differ"):
+        merge_sweeps([fast, other])

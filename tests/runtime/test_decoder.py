@@ -140,9 +140,9 @@ class _Choice:
 
 
 class _CyclingPolicy:
-    """Any object with max_budget, rank_cap and choose(masses) -> .budget works."""
+    """Any object with max_budget, rank_cap, mass_exponent and choose(masses) -> .budget works."""
 
-    max_budget, rank_cap = 20, 4
+    max_budget, rank_cap, mass_exponent = 20, 4, 1.0
 
     def __init__(self):
         self.calls = 0
