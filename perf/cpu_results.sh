@@ -33,17 +33,19 @@ cast-trtllm train-drafter report --work "$WORK" --threads 2 --json "$R/drafter/a
   | tee "$R/drafter/acceptance_report.txt"
 fi
 
-if [ "${ONLY_GATE:-0}" != 1 ]; then
-sweep() {  # core, domain, output stem, extra flags (prompt shard)
-  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1,3,7,15,31,63 --max-new-tokens 128 \
-    --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" "${@:4}" > "$WORK/$3.txt"
+sweep() {  # core, budgets, domain, output stem, extra flags (prompt shard)
+  taskset -c "$1" cast-trtllm sweep --dataset "$3" --budgets "$2" --max-new-tokens 128 \
+    --width-profile "$PROFILE" --no-progress --report-json "$WORK/$4.json" "${@:5}" > "$WORK/$4.txt"
 }
+
+if [ "${ONLY_GATE:-0}" != 1 ]; then
+B=1,3,7,15,31,63
 # Balanced by measured cost (mt_bench > humaneval > gsm8k per prompt): HumanEval is split by prompt.
 HE_SPLIT=$(( SWEEP_PROMPTS * 3 / 10 ))
-(sweep 0 humaneval sweep_he_a --num-prompts "$HE_SPLIT"
- sweep 0 mt_bench sweep_mt --num-prompts "$SWEEP_PROMPTS") &
-(sweep 1 gsm8k sweep_gsm --num-prompts "$SWEEP_PROMPTS"
- sweep 1 humaneval sweep_he_b --num-prompts "$SWEEP_PROMPTS" --skip-prompts "$HE_SPLIT") &
+(sweep 0 $B humaneval sweep_he_a --num-prompts "$HE_SPLIT"
+ sweep 0 $B mt_bench sweep_mt --num-prompts "$SWEEP_PROMPTS") &
+(sweep 1 $B gsm8k sweep_gsm --num-prompts "$SWEEP_PROMPTS"
+ sweep 1 $B humaneval sweep_he_b --num-prompts "$SWEEP_PROMPTS" --skip-prompts "$HE_SPLIT") &
 wait
 python -m perf.sweep_merge "$WORK"/sweep_{gsm,he_a,he_b,mt}.json --out "$R/width_sweep_cpu.json" \
   --plot "$R/width_sweep_cpu.png" | tee "$R/width_sweep_cpu.table.md"
@@ -51,14 +53,10 @@ fi
 
 # 5. The draft gate beside the swept optimum (N = 1 on this CPU): AR, chain, N = 1, auto, auto-ungated,
 #    20 prompts per domain, sharded over the two cores by measured cost (about 30 minutes)
-gate() {  # core, domain, output stem, extra flags
-  taskset -c "$1" cast-trtllm sweep --dataset "$2" --budgets 1 --max-new-tokens 128 \
-    --width-profile "$PROFILE" --no-progress --report-json "$WORK/$3.json" "${@:4}" > "$WORK/$3.txt"
-}
 HE_GATE=$(( SWEEP_PROMPTS * 4 / 10 ))
-(gate 0 mt_bench gate_mt --num-prompts "$SWEEP_PROMPTS"
- gate 0 humaneval gate_he_a --num-prompts "$HE_GATE") &
-(gate 1 gsm8k gate_gsm --num-prompts "$SWEEP_PROMPTS"
- gate 1 humaneval gate_he_b --num-prompts "$SWEEP_PROMPTS" --skip-prompts "$HE_GATE") &
+(sweep 0 1 mt_bench gate_mt --num-prompts "$SWEEP_PROMPTS"
+ sweep 0 1 humaneval gate_he_a --num-prompts "$HE_GATE") &
+(sweep 1 1 gsm8k gate_gsm --num-prompts "$SWEEP_PROMPTS"
+ sweep 1 1 humaneval gate_he_b --num-prompts "$SWEEP_PROMPTS" --skip-prompts "$HE_GATE") &
 wait
 python -m perf.sweep_merge "$WORK"/gate_{gsm,he_a,he_b,mt}.json --out "$R/width_gate_cpu.json" | tee "$R/width_gate_cpu.table.md"
