@@ -139,7 +139,15 @@ def plot_training_curve(record: Mapping, out: str | Path) -> Path:
     left.set_xlabel("training time (minutes)")
     left.set_ylabel("weighted block cross-entropy", color="C0")
     right = left.twinx()
-    right.plot([e["seconds"] / 60 for e in evals], [e["tau"] for e in evals], "o-", color="C1")
-    right.set_ylabel("validation tau (accepted chain length)", color="C1")
-    left.set_title("DFlash head training on CPU")
+    runs = sorted({e.get("run", -1) for e in evals})  # evals before runs were recorded: -1
+    for i, run in enumerate(runs):  # one line per run: a resumed run may validate on other shards
+        part = [e for e in evals if e.get("run", -1) == run]
+        right.plot([e["seconds"] / 60 for e in part], [e["tau"] for e in part], "o-", color=f"C{1 + i}",
+                   label=f"validation tau, run {i + 1}")
+    for run in (record.get("runs") or [])[0 if -1 in runs else 1 :]:
+        left.axvline(run["seconds"] / 60, color="grey", linestyle=":", linewidth=1)
+    right.set_ylabel("validation tau (accepted chain length)")
+    if len(runs) > 1:
+        right.legend(loc="lower right", fontsize=8)
+    left.set_title("DFlash head training on CPU (dotted: a resumed run starts)")
     return save_figure(fig, out)

@@ -93,6 +93,8 @@ def train_drafter() -> None:
 @_THREADS
 @click.option("--gsm8k", type=int, default=1500, show_default=True, help="GSM8K train prompts (MIT).")
 @click.option("--mbpp", type=int, default=464, show_default=True, help="MBPP task_id 511-974 prompts (CC-BY-4.0).")
+@click.option("--mbpp-stub", type=int, default=0, show_default=True,
+              help="The same MBPP tasks as HumanEval-style function stubs (signature + docstring).")
 @click.option("--self-chat", type=int, default=600, show_default=True, help="User prompts the target writes itself.")
 @click.option("--self-chat-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Reuse these target-written prompts (JSON list) instead of sampling new ones.")
@@ -101,9 +103,11 @@ def train_drafter() -> None:
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Generation batch size.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
 @click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
-def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, self_chat: int,
+@click.option("--name", default=None, help="Data run folder under --work/train (default seed<SEED>); "
+              "another name adds a separate run beside it.")
+def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, mbpp_stub: int, self_chat: int,
          self_chat_file: Path | None, alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int,
-         gen_minutes: float) -> None:
+         gen_minutes: float, name: str | None) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()
@@ -118,15 +122,15 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: 
             work.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = {"gsm8k_train": gsm8k, "mbpp_train": mbpp, "self_chat": len(written), "alpaca": alpaca,
-              "code_alpaca": code_alpaca}
+    counts = {"gsm8k_train": gsm8k, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub, "self_chat": len(written),
+              "alpaca": alpaca, "code_alpaca": code_alpaca}
     prompts = D.load_prompts(data_dir, {k: v for k, v in counts.items() if v > 0}, seed, written)
     evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
     kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
     click.echo(f"{len(prompts) - len(kept)} of {len(prompts)} prompts dropped: they share a 13-gram with an evaluation set")
     prompts = [(name, p) for name, p in prompts if p in kept]
-    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, work / "train" / f"seed{seed}", batch_size, max_new_tokens,
-                           gen_minutes * 60)
+    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, work / "train" / (name or f"seed{seed}"), batch_size,
+                           max_new_tokens, gen_minutes * 60)
     click.echo(json.dumps(meta, indent=2))
 
 
@@ -194,19 +198,23 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
               help="Reduced draft vocabulary (most frequent response tokens); 0 = the full target vocabulary.")
 @click.option("--train-minutes", type=float, default=50.0, show_default=True, help="Total time box (all resumed runs).")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--stop-after-min", type=float, default=None,
+              help="Stop this run after so many minutes (checkpointed; a later --resume continues the time box).")
 @click.option("--anchors", type=int, default=16, show_default=True, help="Blocks sampled per sequence per step.")
 @click.option("--seqs-per-step", type=int, default=4, show_default=True, help="Sequences per optimizer step.")
 @click.option("--lr", type=float, default=1.5e-3, show_default=True, help="Peak AdamW learning rate (cosine over time).")
 @click.option("--gamma", type=float, default=7.0, show_default=True, help="DFlash position-decay constant of the loss.")
+@click.option("--kd-weight", type=float, default=0.0, show_default=True,
+              help="Share of the loss on the target's soft next-token law (read from the final-layer tap); 0 = hard labels.")
 @click.option("--bf16/--fp32", "bf16", default=True, show_default=True, help="bf16 autocast of the matmuls.")
 @click.option("--eval-every-min", type=float, default=8.0, show_default=True, help="Validation tau period.")
 @click.option("--val-shards", type=int, default=2, show_default=True,
               help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue from --work's trainer state.")
 def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
-          draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None, anchors: int,
-          seqs_per_step: int, lr: float, gamma: float, bf16: bool, eval_every_min: float, val_shards: int,
-          resume: bool) -> None:
+          draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
+          stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, gamma: float, kd_weight: float,
+          bf16: bool, eval_every_min: float, val_shards: int, resume: bool) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
     from runtime.drafter import load_drafter, random_drafter, save_drafter
 
@@ -216,14 +224,15 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     ckpt, state_path = work / "checkpoint", work / STATE_NAME
     train_paths, val_paths = D.split_shards(work / "train", val_shards)
     stored = D.stored_layer_ids(work / "train")
+    sources = {k: v for m in sorted((work / "train").rglob("meta.json")) for k, v in json.loads(m.read_text())["licences"].items()}
     if resume and state_path.is_file():
         drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState.from_dict(torch.load(state_path, weights_only=False))
         vocab_info = json.loads((ckpt / "vocab.json").read_text())
         click.echo(f"resuming at step {state.step} ({state.elapsed_s / 60:.1f} min trained)")
+        drafter.config.extra["training_prompt_sources"] = sources  # data runs may have been added since
     else:
         eos = [tok.convert_tokens_to_ids("<|im_end|>")]
         ids, vocab_info = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
-        sources = json.loads((work / "train" / f"seed{seed}" / "meta.json").read_text())["licences"]
         drafter = random_drafter(
             target_cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=layer_ids, seed=seed,
             mask_token_id=MASK_TOKEN_ID, intermediate_size=intermediate_size, rope_theta=_rope_theta(hf.config),
@@ -232,10 +241,13 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         state = T.TrainerState()
     cfg = T.TrainConfig(
         budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
-        decay_gamma=gamma, autocast_bf16=bf16, eval_every_s=eval_every_min * 60, max_steps=max_steps, seed=seed,
+        decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16, eval_every_s=eval_every_min * 60,
+        max_steps=max_steps, segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
     )
     layer_ids = list(drafter.config.target_layer_ids)
-    monitor = D.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)[:24]  # validation tau
+    monitor = [r for run in sorted({p.parent for p in val_paths})  # validation tau: 24 of each data run
+               for r in D.load_records([p for p in val_paths if p.parent == run], stored, layer_ids,
+                                       target_cfg.hidden_size)[:24]]
     meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
 
     def on_save(st: T.TrainerState) -> None:
@@ -249,13 +261,16 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
             "loss_curve": st.log[:: max(1, len(st.log) // 40)] + st.log[-1:], "validation_tau": st.evals,
             "validation_shards": [str(p.relative_to(work)) for p in val_paths],
             "vocab": vocab_info, "drafter_config": drafter.config.to_dict(), "data": meta, "train_config": {k: getattr(cfg, k) for k in cfg.__slots__},
-            "threads": threads,
+            "threads": threads, "runs": st.runs,
         })
 
     records = D.stream_records(train_paths, stored, layer_ids, target_cfg.hidden_size, seed + state.step)
     n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
     click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
-    state = T.train(drafter, frozen, records, cfg, on_save, lambda d: T.acceptance(d, frozen, monitor), state)
+    run_info = {"train_shards": len(train_paths), "threads": threads,
+                "validation_shards": [str(p.relative_to(work)) for p in val_paths]}
+    state = T.train(drafter, frozen, records, cfg, on_save, lambda d: T.acceptance(d, frozen, monitor), state,
+                    num_target_layers=target_cfg.num_layers, run_info=run_info)
     click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")
     validation = D.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)
     for folder in (ckpt, out):
@@ -363,16 +378,30 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
         plot_training_curve(json.loads((checkpoint / "training.json").read_text()), training_curve)
 
 
+# The shipped head's history: phase 1 trained 50 min on what a 27-minute generation box
+# produced; phase 2 finished the prompt pools, added the MBPP stubs, and resumed with a
+# longer time box (the cosine restarts from where phase 1 stood in the new box).
+PHASE2_MINUTES = 125.0
+PHASE2_KD_WEIGHT = 0.5
+CODE_RUN = "code0"
+
+
 @train_drafter.command("recipe")
 @_WORK
 @_DATA
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, training and report with its settings."""
+    """Rebuild the shipped head: data, held-out data, both training phases and the report."""
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=SELF_CHAT_RECORD)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
     ctx.invoke(train, work=work, threads=threads, resume=False)
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=SELF_CHAT_RECORD,
+               gen_minutes=float("inf"))
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CODE_RUN, gsm8k=0, mbpp=0, self_chat=0,
+               mbpp_stub=463, gen_minutes=float("inf"))
+    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE2_MINUTES,
+               kd_weight=PHASE2_KD_WEIGHT)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 

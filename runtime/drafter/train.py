@@ -8,7 +8,10 @@ prefix before the root: the drafter never sees the future); labels are ids[a+1:a
 Many blocks of one sequence share one context pass (each block masks the context at
 its own anchor). Loss: cross-entropy at slots 1..L with DFlash's position decay
 weight exp(-(k-1)/gamma) on slot k, over the head's draft vocabulary (labels it cannot
-name are ignored). Target embeddings and lm_head stay frozen. Optional bf16 autocast.
+name are ignored). Optional distillation (`kd_weight`): the target's whole next-token
+law at each labelled position, read for free from the final-layer tap (HF's last
+hidden state is already normed, so lm_head(tap) are the target's logits), mixed with
+the hard greedy label. Target embeddings and lm_head stay frozen. Optional bf16 autocast.
 
 Checkpoints: `TrainerState` (optimizer, step, elapsed wall time, generator state) is
 saved beside the weights, so a run resumes where it stopped and its cosine schedule
@@ -121,6 +124,44 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     return (ce * w).sum() / w.sum().clamp_min(1e-9)
 
 
+@torch.no_grad()
+def target_block_logprobs(final_taps: torch.Tensor, head: DraftHead, anchors: torch.Tensor, num_draft: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's law over the draft vocabulary at every slot of n blocks.
+
+    final_taps [m, H]: the final-layer taps (normed last hidden states) of ids[:m+1];
+    slot k of the block at anchor a predicts ids[a+k], the target's law at position a+k-1.
+    Returns log-probs [n, L, Vd] (renormalized over the draft vocabulary) and valid [n, L]
+    (False past the end of the sequence). The lm_head runs once per distinct position.
+    """
+    pos = anchors[:, None] + torch.arange(num_draft)[None, :]  # [n, L] positions a+k-1
+    valid = pos < final_taps.shape[0]
+    lo, hi = int(anchors.min()), int(pos[valid].max()) + 1
+    logp = torch.log_softmax(head.draft_logits(final_taps[lo:hi].float()), dim=-1)  # [hi-lo, Vd]
+    return logp[(pos.clamp(max=hi - 1) - lo)], valid
+
+
+def soft_block_loss(logits: torch.Tensor, target_logp: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor
+                    ) -> torch.Tensor:
+    """Weighted mean cross-entropy against the target's law (forward KL + its entropy).
+
+    logits [n, L, Vd]; target_logp [n, L, Vd]; valid [n, L]; weights [L]."""
+    ce = -(target_logp.exp() * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [n, L]
+    w = weights[None, :] * valid
+    return (ce * w).sum() / w.sum().clamp_min(1e-9)
+
+
+def final_tap_columns(drafter: Any, num_target_layers: int) -> slice:
+    """Columns of the final-layer tap inside the drafter's taps (distillation reads them)."""
+    ids = list(drafter.config.target_layer_ids)
+    hidden, last = drafter.fc.in_features // len(ids), num_target_layers - 1
+    if last not in ids:
+        raise ValueError(f"distillation (kd_weight > 0) reads the target's law from the tap of its final layer "
+                         f"{last}; the head taps layers {ids}: add {last} to its target_layer_ids or set kd_weight 0")
+    j = ids.index(last)
+    return slice(j * hidden, (j + 1) * hidden)
+
+
 # ---------------------------------------------------------------- loop
 
 
@@ -135,15 +176,21 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     decay_gamma: float | None = 7.0  # DFlash position decay; None = uniform
+    kd_weight: float = 0.0  # share of the loss on the target's soft law (0 = hard greedy labels only)
     autocast_bf16: bool = False  # bf16 matmuls (weights and optimizer stay fp32)
     save_every_s: float = 180.0
     eval_every_s: float = 300.0  # validation tau period (when an evaluator is given)
     max_steps: int | None = None
+    segment_s: float | None = None  # stop THIS run after so many seconds (resume later); None = the time box
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0 or self.anchors_per_seq < 1 or self.seqs_per_step < 1 or self.lr <= 0:
             raise ValueError("budget_s, anchors_per_seq, seqs_per_step and lr must be positive")
+        if not 0.0 <= self.kd_weight <= 1.0:
+            raise ValueError(f"kd_weight is a share of the loss in [0, 1], got {self.kd_weight}")
+        if self.segment_s is not None and self.segment_s <= 0:
+            raise ValueError(f"segment_s must be positive (or None for the whole time box), got {self.segment_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +217,7 @@ class TrainerState:
     generator: torch.Tensor | None = None
     log: list[dict[str, float]] = field(default_factory=list)  # per-step loss
     evals: list[dict[str, Any]] = field(default_factory=list)  # validation tau over time
+    runs: list[dict[str, Any]] = field(default_factory=list)  # one entry per (resumed) run: where it began, its settings
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -204,9 +252,15 @@ def train(
     on_save: Callable[[TrainerState], None] | None = None,
     evaluate: Callable[[Any], dict[str, Any]] | None = None,  # drafter -> {"tau": ...}
     state: TrainerState | None = None,
+    *,
+    num_target_layers: int | None = None,  # needed when cfg.kd_weight > 0 (locates the final-layer tap)
+    run_info: dict[str, Any] | None = None,  # recorded with this run in state.runs (e.g. its data)
 ) -> TrainerState:
     """Train `drafter` in place until the time box or max_steps; returns the final state."""
     state = state or TrainerState()
+    state.runs.append({"step": state.step, "seconds": round(state.elapsed_s, 1), **(run_info or {}),
+                       "train_config": {k: getattr(cfg, k) for k in cfg.__slots__}})
+    run = len(state.runs) - 1
     gen = torch.Generator().manual_seed(cfg.seed)
     if state.generator is not None:
         gen.set_state(state.generator)
@@ -214,12 +268,16 @@ def train(
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     t2d = None if drafter.d2t is None else target_to_draft(head.target_ids, head.vocab_size)
     weights = position_weights(drafter.config.num_draft_positions, cfg.decay_gamma)
+    if cfg.kd_weight > 0 and num_target_layers is None:
+        raise ValueError("kd_weight > 0 needs num_target_layers (to find the final-layer tap)")
+    final = final_tap_columns(drafter, num_target_layers) if cfg.kd_weight > 0 else None
     drafter.train().requires_grad_(True)
     params = [p for p in drafter.parameters() if p.is_floating_point()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     if state.optimizer is not None:
         opt.load_state_dict(state.optimizer)
     start = time.monotonic() - state.elapsed_s
+    segment_end = math.inf if cfg.segment_s is None else time.monotonic() + cfg.segment_s
     last_save = last_eval = time.monotonic()
     bar = tqdm(total=int(cfg.budget_s), initial=int(state.elapsed_s), desc="drafter training", unit="s")
 
@@ -231,14 +289,16 @@ def train(
         drafter.eval()
         res = evaluate(drafter)
         drafter.train()
-        state.evals.append({"step": state.step, "seconds": round(time.monotonic() - start, 1), **res})
+        state.evals.append({"step": state.step, "seconds": round(time.monotonic() - start, 1), "run": run, **res})
         bar.write(f"step {state.step}: validation tau {res['tau']:.3f}")
 
-    if evaluate is not None and not state.evals:
+    if evaluate is not None:  # every run starts with one: a resumed run may validate on other shards
         run_eval()
     while True:
         elapsed = time.monotonic() - start
         if elapsed >= cfg.budget_s or (cfg.max_steps is not None and state.step >= cfg.max_steps):
+            break
+        if time.monotonic() >= segment_end:
             break
         for group in opt.param_groups:
             group["lr"] = _lr_at(cfg, state.step, elapsed)
@@ -253,7 +313,12 @@ def train(
             with _autocast(cfg):
                 logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, anchors))
             labels = to_draft_labels(block_labels(ids, anchors, logits.shape[1]), t2d)
-            loss = block_loss(logits, labels, weights) / cfg.seqs_per_step
+            loss = block_loss(logits, labels, weights)
+            if final is not None:
+                target_logp, valid = target_block_logprobs(taps[:, final], head, anchors, logits.shape[1])
+                soft = soft_block_loss(logits, target_logp, valid, weights)
+                loss = (1 - cfg.kd_weight) * loss + cfg.kd_weight * soft
+            loss = loss / cfg.seqs_per_step
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

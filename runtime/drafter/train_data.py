@@ -43,6 +43,7 @@ PROMPT_SOURCES = {
     for s in (
         PromptSource("gsm8k_train", "gsm8k_train.jsonl", "MIT (openai/grade-school-math)"),
         PromptSource("mbpp_train", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974"),
+        PromptSource("mbpp_stub", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974, as function stubs"),
         PromptSource("self_chat", None, "written by the target itself (sampled user turns)"),
         PromptSource("alpaca", "alpaca_noinput_instructions.json", "CC BY-NC 4.0 (tatsu-lab/stanford_alpaca)", True),
         PromptSource("code_alpaca", "code_alpaca_2k.json", "CC BY-NC 4.0 (sahil280114/codealpaca)", True),
@@ -59,12 +60,35 @@ def mbpp_prompt(row: dict[str, Any]) -> str:
     return row["text"] + " Your code should pass these tests:\n\n" + "\n".join(row["test_list"])
 
 
+_ASSERT_EQ = re.compile(r"^assert\s+(.+?)\s*==\s*(.+)$")
+
+
+def mbpp_stub(row: dict[str, Any]) -> str | None:
+    """An MBPP task as a HumanEval-style prompt: the signature of the tested function of
+    the reference solution and a docstring holding the task text and its first test as a
+    doctest. None when the solution defines no such top-level function."""
+    test = _ASSERT_EQ.match(row["test_list"][0].strip()) if row["test_list"] else None
+    called = re.match(r"\s*(\w+)\s*\(", test.group(1)) if test is not None else None
+    defs = [ln.rstrip() for ln in row["code"].splitlines() if ln.startswith("def ")]
+    if called is not None:
+        defs = [ln for ln in defs if re.match(rf"def\s+{re.escape(called.group(1))}\s*\(", ln)]
+    if not defs:
+        return None
+    signature, doc = defs[0], row["text"].strip()
+    if test is not None:
+        doc += f"\n    >>> {test.group(1)}\n    {test.group(2)}"
+    return f'{signature}\n    """ {doc}\n    """\n'
+
+
 def _pool(data_dir: Path, source: PromptSource) -> list[str]:
     path = Path(data_dir) / str(source.file)
     if source.name == "gsm8k_train":
         return [r["question"] for r in read_jsonl(path)]
     if source.name == "mbpp_train":
         return [mbpp_prompt(r) for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974]
+    if source.name == "mbpp_stub":
+        stubs = (mbpp_stub(r) for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974)
+        return [s for s in stubs if s is not None]
     rows = json.loads(path.read_text())
     return [(r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")).strip() for r in rows]
 

@@ -24,6 +24,11 @@ def test_plots_write_png_files(tmp_path):
         plot_training_curve({"loss_curve": [{"seconds": 0, "loss": 9.0}, {"seconds": 600, "loss": 4.0}],
                              "validation_tau": [{"seconds": 0, "tau": 0.0}, {"seconds": 600, "tau": 0.7}]},
                             tmp_path / "curve.png"),
+        plot_training_curve({"loss_curve": [{"seconds": 0, "loss": 9.0}, {"seconds": 900, "loss": 3.0}],
+                             "validation_tau": [{"seconds": 0, "tau": 0.0}, {"seconds": 600, "tau": 0.7},
+                                                {"seconds": 600, "tau": 0.6, "run": 0}, {"seconds": 900, "tau": 0.8, "run": 0}],
+                             "runs": [{"step": 50, "seconds": 600}]},
+                            tmp_path / "resumed.png"),
     ]
     for out in outs:
         assert out.read_bytes()[:8] == PNG

@@ -1,6 +1,6 @@
 """DFlash drafter training: the batched block pass equals the runtime draft call (full and
-reduced draft vocabulary), a few steps lower the loss, and a resumed run continues the
-same run exactly."""
+reduced draft vocabulary), a few steps lower the loss (hard labels and distillation), a
+resumed run continues the same run exactly, and a run segment stops where asked."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ from runtime.drafter.train import (
     TrainerState,
     block_hidden,
     block_labels,
+    block_loss,
     drafter_rotary,
     sample_anchors,
+    soft_block_loss,
+    target_block_logprobs,
     to_draft_labels,
     train,
 )
@@ -113,3 +116,79 @@ def test_a_run_resumed_from_its_saved_state_equals_the_uninterrupted_run():
     assert resumed_state.step == 8 and state.step == 4
     for (name, a), (_, b) in zip(whole.state_dict().items(), first.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_target_block_logprobs_are_the_lm_head_law_of_each_slot_renormalized_over_the_draft_vocabulary():
+    target = _tiny_target()
+    draft_vocab = torch.tensor([0, 3, 5, 9, 17, 40, 63])
+    head = DraftHead(target.lm_head.weight, draft_vocab - torch.arange(draft_vocab.numel()))
+    final = torch.randn(13, TINY.hidden_size)  # taps of a 14-token sequence
+    anchors = torch.tensor([4, 9, 11])
+    logp, valid = target_block_logprobs(final, head, anchors, num_draft=3)
+    assert valid.tolist() == [[True] * 3, [True] * 3, [True, True, False]]  # slot 3 of anchor 11 is ids[14]
+    for j, a in enumerate(anchors.tolist()):
+        for k in range(3):
+            if valid[j, k]:
+                expected = torch.log_softmax(final[a + k] @ target.lm_head.weight[draft_vocab].T, -1)
+                torch.testing.assert_close(logp[j, k], expected)
+
+
+def test_the_soft_loss_against_a_one_hot_law_is_the_hard_loss():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 7, generator=gen)
+    labels = torch.randint(0, 7, (3, 4), generator=gen)
+    labels[2, 3] = IGNORE
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.125])
+    one_hot = torch.log(torch.nn.functional.one_hot(labels.clamp_min(0), 7).float())
+    soft = soft_block_loss(logits, one_hot, labels != IGNORE, weights)
+    torch.testing.assert_close(soft, block_loss(logits, labels, weights))
+
+
+def test_distillation_steps_move_the_head_toward_the_target_law():
+    target = _tiny_target()
+    frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
+    drafter = random_drafter(TINY, num_layers=1, block_size=4, target_layer_ids=[1, TINY.num_layers - 1], mask_token_id=0)
+    records = [_sequence(16, 2 * TINY.hidden_size, seed=s) for s in (2, 3)]
+
+    def kl_to_target() -> float:
+        head, rec = DraftHead(frozen.lm_head_weight, None), records[0]
+        anchors = torch.arange(4, 12)
+        with torch.no_grad():
+            hidden = block_hidden(drafter, frozen.embed_weight, drafter_rotary(drafter), rec["taps"].float(), rec["ids"], anchors)
+            logp, valid = target_block_logprobs(rec["taps"][:, TINY.hidden_size:].float(), head, anchors, 3)
+            q = torch.log_softmax(head.draft_logits(hidden), -1)
+        return float(((logp.exp() * (logp - q)).sum(-1) * valid).sum() / valid.sum())
+
+    before = kl_to_target()
+    cfg = TrainConfig(budget_s=30.0, anchors_per_seq=8, seqs_per_step=2, lr=3e-2, warmup_steps=1, max_steps=25,
+                      kd_weight=1.0)
+    train(drafter, frozen, itertools.cycle(records), cfg, num_target_layers=TINY.num_layers)
+    assert kl_to_target() < 0.7 * before
+
+
+def test_distillation_needs_the_final_layer_tap_and_a_share_in_0_1():
+    target = _tiny_target()
+    frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
+    drafter = random_drafter(TINY, num_layers=1, block_size=4, target_layer_ids=[1, 2], mask_token_id=0)
+    cfg = TrainConfig(budget_s=30.0, max_steps=1, kd_weight=0.5)
+    with pytest.raises(ValueError, match="final layer 3"):
+        train(drafter, frozen, iter([_sequence(16, 2 * TINY.hidden_size, seed=2)]), cfg, num_target_layers=TINY.num_layers)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        TrainConfig(budget_s=30.0, kd_weight=1.5)
+
+
+def test_a_run_segment_stops_early_and_a_resumed_run_finishes_the_time_box():
+    target = _tiny_target()
+    frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
+    drafter = random_drafter(TINY, num_layers=1, block_size=4, target_layer_ids=[1, 3], mask_token_id=0)
+    records = itertools.cycle([_sequence(16, 2 * TINY.hidden_size, seed=s) for s in (2, 3)])
+    saved = []
+    state = train(drafter, frozen, records, TrainConfig(budget_s=600.0, max_steps=5, segment_s=1e-6),
+                  on_save=lambda st: saved.append(st.step))
+    assert state.step == 0 and saved == [0]  # stopped at once, but checkpointed
+    state = train(drafter, frozen, records, TrainConfig(budget_s=600.0, max_steps=5), state=state,
+                  run_info={"data": "second"}, evaluate=lambda d: {"tau": 0.5})
+    assert state.step == 5
+    assert [r["step"] for r in state.runs] == [0, 0] and state.runs[1]["data"] == "second"
+    assert state.runs[0]["train_config"]["segment_s"] == 1e-6 and state.runs[1]["train_config"]["segment_s"] is None
+    assert [(e["step"], e["run"]) for e in state.evals] == [(0, 1), (5, 1)]  # each run starts and ends with one

@@ -1,14 +1,19 @@
 """Training data from the target's own greedy continuations: a time-boxed build resumes
-where it stopped, and refuses shards written from other prompts."""
+where it stopped, and refuses shards written from other prompts; MBPP tasks become
+HumanEval-style stubs; the final-layer tap carries the target's greedy law."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from runtime.drafter.train_data import build_dataset, shard_paths
+from runtime.drafter.train_data import build_dataset, load_prompts, mbpp_stub, shard_paths
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 PROMPTS = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Name a colour."), ("mbpp_train", "Sum a list."),
            ("gsm8k_train", "Halve 10."), ("self_chat", "Say hi.")]
@@ -28,3 +33,39 @@ def test_a_time_boxed_build_resumes_and_keeps_the_shards_it_already_wrote(embedd
     assert json.loads((tmp_path / "meta.json").read_text())["seconds"] >= first["seconds"]
     with pytest.raises(ValueError, match="other prompts"):
         build_dataset(model, tok, PROMPTS[::-1], [1, 3], tmp_path, batch_size=2, max_new_tokens=3, budget_s=0.0)
+
+
+def test_the_final_layer_tap_is_the_normed_last_hidden_state_so_lm_head_of_it_is_the_greedy_law(embedded_hf, tmp_path):
+    """Distillation (kd_weight) reads the target's law as lm_head(final tap): guard that premise."""
+    model, tok = embedded_hf
+    last = model.config.num_hidden_layers - 1
+    build_dataset(model, tok, PROMPTS[:2], [1, last], tmp_path, batch_size=2, max_new_tokens=6, budget_s=float("inf"))
+    lm_head = model.get_output_embeddings().weight
+    hidden = model.config.hidden_size
+    for rec in torch.load(tmp_path / "shard_00000.pt", weights_only=True):
+        ids, pl = rec["ids"].long(), rec["prompt_len"]
+        final = rec["taps"][:, hidden:].float()  # [T-1, H], tap of position p predicts ids[p+1]
+        greedy = (final[pl - 1 :] @ lm_head.T).argmax(-1)
+        response = ids[pl:]
+        assert torch.equal(greedy[: response.numel()], response)
+
+
+def test_an_mbpp_task_becomes_a_stub_of_the_function_its_test_calls():
+    row = {"text": "Write a function to count items.", "task_id": 600,
+           "code": "def helper(x):\n    return x\ndef count_items(xs, k) : \n    return len(xs)",
+           "test_list": ["assert count_items([1, 2], 3) == 2", "assert count_items([], 1) == 0"]}
+    stub = mbpp_stub(row)
+    assert stub == ('def count_items(xs, k) :\n    """ Write a function to count items.\n'
+                    '    >>> count_items([1, 2], 3)\n    2\n    """\n')
+    assert mbpp_stub({**row, "code": "x = 1"}) is None
+
+
+@pytest.mark.skipif(not (DATA / "mbpp.jsonl").is_file(), reason="shared data folder not present")
+def test_every_mbpp_stub_of_the_training_split_is_a_python_function_with_a_docstring():
+    stubs = [p for _, p in load_prompts(DATA, {"mbpp_stub": 463}, seed=0)]
+    assert len(set(stubs)) == 463
+    for stub in stubs:
+        fn = ast.parse(stub).body[0]
+        assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn), stub
+    with pytest.raises(ValueError, match="holds 463 prompts"):
+        load_prompts(DATA, {"mbpp_stub": 464}, seed=0)
