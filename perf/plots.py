@@ -151,3 +151,26 @@ def plot_training_curve(record: Mapping, out: str | Path) -> Path:
         right.legend(loc="lower right", fontsize=8)
     left.set_title("DFlash head training on CPU (dotted: a resumed run starts)")
     return save_figure(fig, out)
+
+
+def plot_learning_curve(points: Sequence[Mapping], out: str | Path, targets: Mapping[str, float] | None = None,
+                        budget: str = "cast:15") -> Path:
+    """Replayed R against training minutes per domain: chain solid, CAST at `budget`
+    dashed, the chain target (when given) dotted. points: {"minutes", "domains": report}."""
+    if not points:
+        raise ValueError("plot_learning_curve needs at least one report")
+    points = sorted(points, key=lambda p: p["minutes"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    minutes = [p["minutes"] for p in points]
+    for i, name in enumerate(points[0]["domains"]):
+        color = f"C{i}"
+        ax.plot(minutes, [p["domains"][name]["chain"]["R"] for p in points], "o-", color=color, label=f"{name} chain")
+        ax.plot(minutes, [p["domains"][name][budget]["R"] for p in points], "s--", color=color,
+                label=f"{name} CAST {budget.split(':')[1]}")
+        if targets and name in targets:
+            ax.axhline(targets[name], color=color, linestyle=":", linewidth=1)
+    ax.set_xlabel("training time (minutes, 2 CPU cores)")
+    ax.set_ylabel("committed round length R (held-out replay)")
+    ax.set_title("Learning curve of the DFlash head (dotted: chain targets)")
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(fig, out)

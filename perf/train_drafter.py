@@ -366,7 +366,10 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
     click.echo(format_report(res))
     click.echo(f"({time.monotonic() - start:.0f} s; R includes the bonus token; AR = 1)")
     if json_path is not None:
+        record = checkpoint / "training.json"
+        trained = json.loads(record.read_text()) if record.is_file() else {}
         json_path.write_text(json.dumps({"checkpoint": str(checkpoint), "block_size": drafter.config.block_size,
+                                         "train_seconds": trained.get("train_seconds"), "steps": trained.get("steps"),
                                          "domains": res}, indent=2) + "\n")
     if plot is not None:
         from perf.plots import plot_acceptance_report
@@ -378,11 +381,40 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
         plot_training_curve(json.loads((checkpoint / "training.json").read_text()), training_curve)
 
 
+CHAIN_TARGETS = {"gsm8k": 2.0, "humaneval": 2.0, "mt_bench": 1.6}  # the training issue's must-show
+
+
+@train_drafter.command("curve")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Write the learning curve (R per domain against training minutes) here.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also plot it (PNG).")
+def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None:
+    """Learning curve from `report --json` files of checkpoints taken at several training times."""
+    points = []
+    for path in reports:
+        raw = json.loads(path.read_text())
+        if raw.get("train_seconds") is None:
+            raise click.ClickException(f"{path} records no train_seconds; rerun `train-drafter report --json` on a "
+                                       "checkpoint with a training.json")
+        points.append({"minutes": round(raw["train_seconds"] / 60, 1), "steps": raw.get("steps"), "report": str(path),
+                       "domains": {k: {m: v for m, v in row.items() if m == "chain" or m.startswith("cast:")}
+                                   for k, row in raw["domains"].items()}})
+    points.sort(key=lambda p: p["minutes"])
+    json_path.write_text(json.dumps({"chain_targets": CHAIN_TARGETS, "points": points}, indent=2) + "\n")
+    for p in points:
+        click.echo(f"{p['minutes']:>7.1f} min  " + "  ".join(
+            f"{k} chain {row['chain']['R']:.3f} cast:15 {row['cast:15']['R']:.3f}" for k, row in p["domains"].items()))
+    if plot is not None:
+        from perf.plots import plot_learning_curve
+
+        plot_learning_curve(points, plot, CHAIN_TARGETS)
+
+
 # The shipped head's history: phase 1 trained 50 min on what a 27-minute generation box
 # produced; phase 2 finished the prompt pools, added the MBPP stubs, and resumed with a
 # longer time box (the cosine restarts from where phase 1 stood in the new box).
 PHASE2_MINUTES = 125.0
-PHASE2_KD_WEIGHT = 0.5
 CODE_RUN = "code0"
 
 
@@ -400,8 +432,7 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
                gen_minutes=float("inf"))
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CODE_RUN, gsm8k=0, mbpp=0, self_chat=0,
                mbpp_stub=463, gen_minutes=float("inf"))
-    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE2_MINUTES,
-               kd_weight=PHASE2_KD_WEIGHT)
+    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE2_MINUTES)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 

@@ -4,7 +4,7 @@ from cast_trtllm.profile import load_profile, reference_profiles
 import pytest
 
 from perf.plots import (
-    plot_accept_histograms, plot_acceptance_report, plot_training_curve, plot_verify_latency, plot_width_sweep,
+    plot_accept_histograms, plot_acceptance_report, plot_learning_curve, plot_training_curve, plot_verify_latency, plot_width_sweep,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -39,3 +39,5 @@ def test_empty_inputs_are_refused_with_a_reason(tmp_path):
         plot_acceptance_report({}, tmp_path / "x.png")
     with pytest.raises(ValueError, match="non-empty loss_curve"):
         plot_training_curve({"loss_curve": []}, tmp_path / "y.png")
+    with pytest.raises(ValueError, match="at least one report"):
+        plot_learning_curve([], tmp_path / "z.png")

@@ -1,0 +1,41 @@
+"""`cast-trtllm train-drafter curve`: replay reports of checkpoints at several training
+times become one learning curve (sorted by time, targets recorded); a report without its
+training time is refused with what to do."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from perf.train_drafter import CHAIN_TARGETS, train_drafter
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _report(path, seconds, chain, cast):
+    domains = {"gsm8k": {"prompts": 2, "chain": {"R": chain, "rounds": 9}, "cast:15": {"R": cast, "rounds": 7},
+                         "depth1_reliability": {"ece": 0.01, "bins": []}}}
+    path.write_text(json.dumps({"checkpoint": "x", "train_seconds": seconds, "steps": 10, "domains": domains}))
+    return str(path)
+
+
+def test_reports_become_a_curve_sorted_by_training_time(tmp_path):
+    late = _report(tmp_path / "late.json", 7500.0, 1.9, 2.5)
+    early = _report(tmp_path / "early.json", 3000.0, 1.7, 2.2)
+    out = tmp_path / "curve.json"
+    res = CliRunner().invoke(train_drafter, ["curve", late, early, "--json", str(out), "--plot", str(tmp_path / "c.png")])
+    assert res.exit_code == 0, res.output
+    curve = json.loads(out.read_text())
+    assert [p["minutes"] for p in curve["points"]] == [50.0, 125.0]
+    assert [p["domains"]["gsm8k"]["chain"]["R"] for p in curve["points"]] == [1.7, 1.9]
+    assert "depth1_reliability" not in curve["points"][0]["domains"]["gsm8k"]
+    assert curve["chain_targets"] == CHAIN_TARGETS
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+
+
+def test_a_report_without_its_training_time_is_refused(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"checkpoint": "x", "domains": {}}))
+    res = CliRunner().invoke(train_drafter, ["curve", str(path), "--json", str(tmp_path / "c.json")])
+    assert res.exit_code != 0 and "records no train_seconds" in res.output
