@@ -137,6 +137,7 @@ def plot_training_curve(record: Mapping, out: str | Path) -> Path:
     fig, left = plt.subplots(figsize=(7, 4))
     left.plot([e["seconds"] / 60 for e in loss], [e["loss"] for e in loss], color="C0", linewidth=1)
     left.set_xlabel("training time (minutes)")
+    left.set_yscale("log")  # the first steps (~ln V) would flatten the rest
     left.set_ylabel("weighted block cross-entropy", color="C0")
     right = left.twinx()
     runs = sorted({e.get("run", -1) for e in evals})  # evals before runs were recorded: -1
