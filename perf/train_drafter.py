@@ -224,7 +224,9 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     ckpt, state_path = work / "checkpoint", work / STATE_NAME
     train_paths, val_paths = D.split_shards(work / "train", val_shards)
     stored = D.stored_layer_ids(work / "train")
-    sources = {k: v for m in sorted((work / "train").rglob("meta.json")) for k, v in json.loads(m.read_text())["licences"].items()}
+    meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
+    sources = {k: v for run in meta.values() for k, v in run["licences"].items()}
+    val_names = [str(p.relative_to(work)) for p in val_paths]
     if resume and state_path.is_file():
         drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState.from_dict(torch.load(state_path, weights_only=False))
         vocab_info = json.loads((ckpt / "vocab.json").read_text())
@@ -248,7 +250,6 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     monitor = [r for run in sorted({p.parent for p in val_paths})  # validation tau: 24 of each data run
                for r in D.load_records([p for p in val_paths if p.parent == run], stored, layer_ids,
                                        target_cfg.hidden_size)[:24]]
-    meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
 
     def on_save(st: T.TrainerState) -> None:
         save_drafter(drafter, ckpt)
@@ -259,16 +260,16 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
             "steps": st.step, "train_seconds": round(st.elapsed_s, 1),
             "final_loss_mean_last_100": round(sum(recent) / max(1, len(recent)), 4),
             "loss_curve": st.log[:: max(1, len(st.log) // 40)] + st.log[-1:], "validation_tau": st.evals,
-            "validation_shards": [str(p.relative_to(work)) for p in val_paths],
-            "vocab": vocab_info, "drafter_config": drafter.config.to_dict(), "data": meta, "train_config": {k: getattr(cfg, k) for k in cfg.__slots__},
+            "validation_shards": val_names,
+            "vocab": vocab_info, "drafter_config": drafter.config.to_dict(), "data": meta,
+            "train_config": st.runs[-1]["train_config"],
             "threads": threads, "runs": st.runs,
         })
 
     records = D.stream_records(train_paths, stored, layer_ids, target_cfg.hidden_size, seed + state.step)
     n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
     click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
-    run_info = {"train_shards": len(train_paths), "threads": threads,
-                "validation_shards": [str(p.relative_to(work)) for p in val_paths]}
+    run_info = {"train_shards": len(train_paths), "threads": threads, "validation_shards": val_names}
     state = T.train(drafter, frozen, records, cfg, on_save, lambda d: T.acceptance(d, frozen, monitor), state,
                     num_target_layers=target_cfg.num_layers, run_info=run_info)
     click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")

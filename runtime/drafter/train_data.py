@@ -84,11 +84,11 @@ def _pool(data_dir: Path, source: PromptSource) -> list[str]:
     path = Path(data_dir) / str(source.file)
     if source.name == "gsm8k_train":
         return [r["question"] for r in read_jsonl(path)]
-    if source.name == "mbpp_train":
-        return [mbpp_prompt(r) for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974]
-    if source.name == "mbpp_stub":
-        stubs = (mbpp_stub(r) for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974)
-        return [s for s in stubs if s is not None]
+    if source.name in ("mbpp_train", "mbpp_stub"):
+        rows = [r for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974]  # never MBPP test (11-510)
+        if source.name == "mbpp_train":
+            return [mbpp_prompt(r) for r in rows]
+        return [s for s in map(mbpp_stub, rows) if s is not None]
     rows = json.loads(path.read_text())
     return [(r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")).strip() for r in rows]
 
