@@ -36,7 +36,12 @@ HELDOUT_SETS = ("gsm8k", "humaneval", "mt_bench")  # domains of the acceptance r
 EVAL_SETS = ("gsm8k", "humaneval", "mt_bench", "mbpp", "math500")  # training prompts never overlap these
 REPORT_BUDGETS = (3, 7, 15, 31, 63)
 STATE_NAME = "trainer_state.pt"
-SELF_CHAT_RECORD = ROOT / "perf" / "results" / "drafter" / "self_chat_prompts_seed0.json"  # the shipped head's
+
+
+def self_chat_record(seed: int) -> Path:
+    """The committed target-written prompts the shipped head's data runs used."""
+    return ROOT / "perf" / "results" / "drafter" / f"self_chat_prompts_seed{seed}.json"
+
 
 _WORK = click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/dflash_train"),
                      show_default=True, help="Cache folder for shards, checkpoints and trainer state.")
@@ -95,6 +100,8 @@ def train_drafter() -> None:
 @click.option("--mbpp", type=int, default=464, show_default=True, help="MBPP task_id 511-974 prompts (CC-BY-4.0).")
 @click.option("--mbpp-stub", type=int, default=0, show_default=True,
               help="The same MBPP tasks as HumanEval-style function stubs (signature + docstring).")
+@click.option("--mbpp-doctest", type=int, default=0, show_default=True,
+              help="The same MBPP tasks as stubs with the solution's imports and every test as a doctest.")
 @click.option("--self-chat", type=int, default=600, show_default=True, help="User prompts the target writes itself.")
 @click.option("--self-chat-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Reuse these target-written prompts (JSON list) instead of sampling new ones.")
@@ -105,9 +112,9 @@ def train_drafter() -> None:
 @click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
 @click.option("--name", default=None, help="Data run folder under --work/train (default seed<SEED>); "
               "another name adds a separate run beside it.")
-def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, mbpp_stub: int, self_chat: int,
-         self_chat_file: Path | None, alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int,
-         gen_minutes: float, name: str | None) -> None:
+def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, mbpp_stub: int, mbpp_doctest: int,
+         self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int, batch_size: int,
+         max_new_tokens: int, gen_minutes: float, name: str | None) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()
@@ -122,8 +129,8 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: 
             work.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = {"gsm8k_train": gsm8k, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub, "self_chat": len(written),
-              "alpaca": alpaca, "code_alpaca": code_alpaca}
+    counts = {"gsm8k_train": gsm8k, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub, "mbpp_doctest": mbpp_doctest,
+              "self_chat": len(written), "alpaca": alpaca, "code_alpaca": code_alpaca}
     prompts = D.load_prompts(data_dir, {k: v for k, v in counts.items() if v > 0}, seed, written)
     evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
     kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
@@ -211,29 +218,41 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--val-shards", type=int, default=2, show_default=True,
               help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue from --work's trainer state.")
+@click.option("--rebuild-vocab", is_flag=True,
+              help="On resume: rebuild the draft vocabulary at --vocab-size from the current training shards "
+                   "(data runs added since); the head keeps its weights.")
 def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
           draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
           stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, gamma: float, kd_weight: float,
-          bf16: bool, eval_every_min: float, val_shards: int, resume: bool) -> None:
+          bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
-    from runtime.drafter import load_drafter, random_drafter, save_drafter
+    from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab
 
+    ckpt, state_path = work / "checkpoint", work / STATE_NAME
+    resuming = resume and state_path.is_file()
+    if rebuild_vocab and not (resuming and vocab_size > 0):
+        raise click.UsageError("--rebuild-vocab widens a resumed head's draft vocabulary: it needs --resume, a trainer "
+                               f"state under {work} and --vocab-size > 0")
     _setup(threads, seed)
     hf, tok, frozen, target_cfg = _target()
     layer_ids = [int(i) for i in draft_layer_ids.split(",")]
-    ckpt, state_path = work / "checkpoint", work / STATE_NAME
     train_paths, val_paths = D.split_shards(work / "train", val_shards)
     stored = D.stored_layer_ids(work / "train")
     meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
     sources = {k: v for run in meta.values() for k, v in run["licences"].items()}
     val_names = [str(p.relative_to(work)) for p in val_paths]
-    if resume and state_path.is_file():
+    eos = [tok.convert_tokens_to_ids("<|im_end|>")]
+    if resuming:
         drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState.from_dict(torch.load(state_path, weights_only=False))
         vocab_info = json.loads((ckpt / "vocab.json").read_text())
         click.echo(f"resuming at step {state.step} ({state.elapsed_s / 60:.1f} min trained)")
         drafter.config.extra["training_prompt_sources"] = sources  # data runs may have been added since
+        if rebuild_vocab:
+            ids, rebuilt = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
+            drafter = with_draft_vocab(drafter, ids)
+            vocab_info = {**rebuilt, "rebuilt_at_step": state.step, "before": vocab_info}
+            click.echo(f"draft vocabulary rebuilt: {vocab_info}")
     else:
-        eos = [tok.convert_tokens_to_ids("<|im_end|>")]
         ids, vocab_info = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
         drafter = random_drafter(
             target_cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=layer_ids, seed=seed,
@@ -269,7 +288,8 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     records = D.stream_records(train_paths, stored, layer_ids, target_cfg.hidden_size, seed + state.step)
     n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
     click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
-    run_info = {"train_shards": len(train_paths), "threads": threads, "validation_shards": val_names}
+    run_info = {"train_shards": len(train_paths), "threads": threads, "validation_shards": val_names,
+                "vocab": {k: v for k, v in vocab_info.items() if k != "before"}}
     state = T.train(drafter, frozen, records, cfg, on_save, lambda d: T.acceptance(d, frozen, monitor), state,
                     num_target_layers=target_cfg.num_layers, run_info=run_info)
     click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")
@@ -414,9 +434,12 @@ def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None
 
 # The shipped head's history: phase 1 trained 50 min on what a 27-minute generation box
 # produced; phase 2 finished the prompt pools, added the MBPP stubs, and resumed with a
-# longer time box (the cosine restarts from where phase 1 stood in the new box).
+# longer time box (the cosine restarts from where phase 1 stood in the new box); phase 3
+# added target-written chat turns (seed 1) and doctest stubs and resumed again.
 PHASE2_MINUTES = 125.0
-CODE_RUN = "code0"
+PHASE3_MINUTES = 225.0
+CODE_RUN, CHAT_RUN, DOCTEST_RUN = "code0", "chat1", "code1"
+CHAT_RUN_PROMPTS = 480
 
 
 @train_drafter.command("recipe")
@@ -425,15 +448,19 @@ CODE_RUN = "code0"
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, both training phases and the report."""
-    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=SELF_CHAT_RECORD)
+    """Rebuild the shipped head: data, held-out data, the three training phases and the report."""
+    seed0 = self_chat_record(0)
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
     ctx.invoke(train, work=work, threads=threads, resume=False)
-    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=SELF_CHAT_RECORD,
-               gen_minutes=float("inf"))
-    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CODE_RUN, gsm8k=0, mbpp=0, self_chat=0,
-               mbpp_stub=463, gen_minutes=float("inf"))
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0, gen_minutes=float("inf"))
+    only = dict(gsm8k=0, mbpp=0, self_chat=0, gen_minutes=float("inf"))
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CODE_RUN, **only, mbpp_stub=463)
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE2_MINUTES)
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CHAT_RUN, seed=1,
+               **{**only, "self_chat": CHAT_RUN_PROMPTS}, self_chat_file=self_chat_record(1))
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=DOCTEST_RUN, **only, mbpp_doctest=463)
+    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE3_MINUTES)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 

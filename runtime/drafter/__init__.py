@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from runtime.drafter.checkpoint import default_target_layer_ids, load_drafter, random_drafter, save_drafter
+from runtime.drafter.checkpoint import default_target_layer_ids, load_drafter, random_drafter, save_drafter, with_draft_vocab
 from runtime.drafter.config import DrafterConfig
 from runtime.drafter.executor import DrafterExecutor
 from runtime.drafter.model import DFlashDrafter
@@ -19,4 +19,5 @@ __all__ = [
     "load_drafter",
     "random_drafter",
     "save_drafter",
+    "with_draft_vocab",
 ]

@@ -10,6 +10,7 @@ also holds `d2t` (int64, EAGLE-3 offsets; see `runtime.drafter.vocab`).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -82,6 +83,23 @@ def random_drafter(
         if draft_vocab_ids is not None:
             drafter.d2t.copy_(d2t_from_ids(draft_vocab_ids.sort().values))
     return drafter.eval().requires_grad_(False)
+
+
+def with_draft_vocab(drafter: DFlashDrafter, draft_vocab_ids: torch.Tensor) -> DFlashDrafter:
+    """The same head over another draft vocabulary ([Vd] target ids).
+
+    The head scores with the target's frozen lm_head, so none of its weights depend on
+    the vocabulary: only `d2t` and `draft_vocab_size` change (a resumed training run can
+    widen the vocabulary to data runs added since the head was initialised).
+    """
+    cfg = dataclasses.replace(drafter.config, draft_vocab_size=int(draft_vocab_ids.numel()),
+                              extra=dict(drafter.config.extra))  # replace() validates the new size
+    state = {k: v for k, v in drafter.state_dict().items() if k != D2T_KEY}
+    state[D2T_KEY] = d2t_from_ids(draft_vocab_ids.long().sort().values)
+    with torch.device("meta"):
+        widened = DFlashDrafter(cfg)
+    widened.load_state_dict(state, assign=True)
+    return widened.eval().requires_grad_(False)
 
 
 def save_drafter(drafter: DFlashDrafter, directory: str | Path) -> None:

@@ -44,6 +44,8 @@ PROMPT_SOURCES = {
         PromptSource("gsm8k_train", "gsm8k_train.jsonl", "MIT (openai/grade-school-math)"),
         PromptSource("mbpp_train", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974"),
         PromptSource("mbpp_stub", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974, as function stubs"),
+        PromptSource("mbpp_doctest", "mbpp.jsonl",
+                     "CC-BY-4.0 (google-research/mbpp), task_id 511-974, as stubs with imports and every test"),
         PromptSource("self_chat", None, "written by the target itself (sampled user turns)"),
         PromptSource("alpaca", "alpaca_noinput_instructions.json", "CC BY-NC 4.0 (tatsu-lab/stanford_alpaca)", True),
         PromptSource("code_alpaca", "code_alpaca_2k.json", "CC BY-NC 4.0 (sahil280114/codealpaca)", True),
@@ -63,32 +65,41 @@ def mbpp_prompt(row: dict[str, Any]) -> str:
 _ASSERT_EQ = re.compile(r"^assert\s+(.+?)\s*==\s*(.+)$")
 
 
-def mbpp_stub(row: dict[str, Any]) -> str | None:
+def mbpp_stub(row: dict[str, Any], every_test: bool = False) -> str | None:
     """An MBPP task as a HumanEval-style prompt: the signature of the tested function of
     the reference solution and a docstring holding the task text and its first test as a
-    doctest. None when the solution defines no such top-level function."""
-    test = _ASSERT_EQ.match(row["test_list"][0].strip()) if row["test_list"] else None
-    called = re.match(r"\s*(\w+)\s*\(", test.group(1)) if test is not None else None
-    defs = [ln.rstrip() for ln in row["code"].splitlines() if ln.startswith("def ")]
+    doctest. None when the solution defines no such top-level function.
+
+    `every_test` (pool `mbpp_doctest`) writes every `assert f(..) == y` test as a
+    doctest and opens with the solution's top-level imports, as HumanEval stubs do.
+    """
+    asserts = row["test_list"] if every_test else row["test_list"][:1]
+    tests = [m for m in (_ASSERT_EQ.match(t.strip()) for t in asserts) if m is not None]
+    called = re.match(r"\s*(\w+)\s*\(", tests[0].group(1)) if tests else None
+    lines = [ln.rstrip() for ln in row["code"].splitlines()]
+    defs = [ln for ln in lines if ln.startswith("def ")]
     if called is not None:
         defs = [ln for ln in defs if re.match(rf"def\s+{re.escape(called.group(1))}\s*\(", ln)]
     if not defs:
         return None
     signature, doc = defs[0], row["text"].strip()
-    if test is not None:
+    for test in tests:
         doc += f"\n    >>> {test.group(1)}\n    {test.group(2)}"
-    return f'{signature}\n    """ {doc}\n    """\n'
+    imports = [ln for ln in lines if ln.startswith(("import ", "from "))] if every_test else []
+    head = "\n".join(imports) + "\n\n\n" if imports else ""
+    return f'{head}{signature}\n    """ {doc}\n    """\n'
 
 
 def _pool(data_dir: Path, source: PromptSource) -> list[str]:
     path = Path(data_dir) / str(source.file)
     if source.name == "gsm8k_train":
         return [r["question"] for r in read_jsonl(path)]
-    if source.name in ("mbpp_train", "mbpp_stub"):
+    if source.name in ("mbpp_train", "mbpp_stub", "mbpp_doctest"):
         rows = [r for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974]  # never MBPP test (11-510)
         if source.name == "mbpp_train":
             return [mbpp_prompt(r) for r in rows]
-        return [s for s in map(mbpp_stub, rows) if s is not None]
+        stubs = (mbpp_stub(r, every_test=source.name == "mbpp_doctest") for r in rows)
+        return [s for s in stubs if s is not None]
     rows = json.loads(path.read_text())
     return [(r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")).strip() for r in rows]
 

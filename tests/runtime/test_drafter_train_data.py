@@ -60,12 +60,23 @@ def test_an_mbpp_task_becomes_a_stub_of_the_function_its_test_calls():
     assert mbpp_stub({**row, "code": "x = 1"}) is None
 
 
+def test_the_doctest_stub_opens_with_the_solution_imports_and_holds_every_equality_test():
+    row = {"text": "Write a function to sort items.", "task_id": 700,
+           "code": "import heapq\r\nfrom math import inf\r\ndef sort_items(xs):\r\n    import os\r\n    return sorted(xs)",
+           "test_list": ["assert sort_items([2, 1]) == [1, 2]", "assert sort_items([]) == []", "assert callable(sort_items)"]}
+    assert mbpp_stub(row, every_test=True) == (
+        'import heapq\nfrom math import inf\n\n\ndef sort_items(xs):\n    """ Write a function to sort items.\n'
+        '    >>> sort_items([2, 1])\n    [1, 2]\n    >>> sort_items([])\n    []\n    """\n')
+    assert mbpp_stub(row).count(">>>") == 1 and not mbpp_stub(row).startswith("import")
+
+
 @pytest.mark.skipif(not (DATA / "mbpp.jsonl").is_file(), reason="shared data folder not present")
-def test_every_mbpp_stub_of_the_training_split_is_a_python_function_with_a_docstring():
-    stubs = [p for _, p in load_prompts(DATA, {"mbpp_stub": 463}, seed=0)]
+@pytest.mark.parametrize("pool", ["mbpp_stub", "mbpp_doctest"])
+def test_every_mbpp_stub_of_the_training_split_is_a_python_function_with_a_docstring(pool):
+    stubs = [p for _, p in load_prompts(DATA, {pool: 463}, seed=0)]
     assert len(set(stubs)) == 463
     for stub in stubs:
-        fn = ast.parse(stub).body[0]
+        fn = ast.parse(stub).body[-1]
         assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn), stub
     with pytest.raises(ValueError, match="holds 463 prompts"):
-        load_prompts(DATA, {"mbpp_stub": 464}, seed=0)
+        load_prompts(DATA, {pool: 464}, seed=0)

@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.decoder import DecodeConfig, Decoder
-from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter
+from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter, with_draft_vocab
 from runtime.drafter.config import WEIGHTS_NAME
-from runtime.drafter.vocab import coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
+from runtime.drafter.vocab import DraftHead, coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
 from runtime.target import TargetExecutor
 
 from tests.runtime.doubles import tiny_target
@@ -45,6 +45,24 @@ def test_a_reduced_vocab_head_saves_d2t_beside_the_zlab_keys_and_loads_exactly(t
     loaded = load_drafter(tmp_path, model.config, dtype=torch.float64)
     assert loaded.config.draft_vocab_size == 6 and loaded.d2t.dtype == torch.int64
     assert torch.equal(loaded.d2t, d.d2t)
+
+
+def test_widening_the_draft_vocabulary_keeps_the_weights_and_the_scores_of_the_old_tokens(tmp_path, model):
+    d = random_drafter(model.config, block_size=5, target_layer_ids=[0, 2], draft_vocab_ids=torch.tensor([1, 2, 3, 10]))
+    wide = with_draft_vocab(d, torch.tensor([20, 1, 2, 3, 10, 40]))
+    assert wide.config.draft_vocab_size == 6 and ids_from_d2t(wide.d2t).tolist() == [1, 2, 3, 10, 20, 40]
+    assert d.config.draft_vocab_size == 4  # the original head is left as it was
+    weights = {k: v for k, v in d.state_dict().items() if k != "d2t"}
+    assert all(torch.equal(v, wide.state_dict()[k]) for k, v in weights.items())
+    lm_head = model.lm_head.weight.detach()
+    hidden = torch.randn(3, model.config.hidden_size)
+    narrow_logits, wide_logits = DraftHead(lm_head, d.d2t)(hidden), DraftHead(lm_head, wide.d2t)(hidden)
+    assert torch.equal(wide_logits[:, [1, 2, 3, 10]], narrow_logits[:, [1, 2, 3, 10]])
+    assert torch.isfinite(wide_logits[:, [20, 40]]).all() and torch.isinf(narrow_logits[:, [20, 40]]).all()
+    save_drafter(wide, tmp_path)
+    assert torch.equal(load_drafter(tmp_path, model.config).d2t, wide.d2t)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        with_draft_vocab(d, torch.arange(model.config.vocab_size + 1))
 
 
 def test_a_d2t_that_names_ids_outside_the_target_vocab_is_rejected(tmp_path, model):

@@ -1,6 +1,6 @@
-"""`cast-trtllm train-drafter curve`: replay reports of checkpoints at several training
-times become one learning curve (sorted by time, targets recorded); a report without its
-training time is refused with what to do."""
+"""`cast-trtllm train-drafter`: `curve` turns replay reports of checkpoints at several
+training times into one learning curve (sorted by time, targets recorded) and refuses a
+report without its training time; `train --rebuild-vocab` needs a run to resume."""
 
 from __future__ import annotations
 
@@ -39,3 +39,10 @@ def test_a_report_without_its_training_time_is_refused(tmp_path):
     path.write_text(json.dumps({"checkpoint": "x", "domains": {}}))
     res = CliRunner().invoke(train_drafter, ["curve", str(path), "--json", str(tmp_path / "c.json")])
     assert res.exit_code != 0 and "records no train_seconds" in res.output
+
+
+def test_rebuilding_the_vocabulary_without_a_run_to_resume_is_refused(tmp_path):
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--rebuild-vocab"])
+    assert res.exit_code == 2 and "needs --resume, a trainer state" in res.output
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--fresh", "--rebuild-vocab"])
+    assert res.exit_code == 2 and "--rebuild-vocab" in res.output
