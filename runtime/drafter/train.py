@@ -361,6 +361,8 @@ def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]]
     hits = []
     for rec in records:
         ids, taps = rec["ids"], rec["taps"].float()
+        if ids.numel() - num_draft <= rec["prompt_len"]:
+            continue  # a response shorter than a block (an early EOS) has no such anchor
         all_anchors = torch.arange(rec["prompt_len"], ids.numel() - num_draft)
         for part in all_anchors.split(chunk):
             best = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part)).argmax(-1)

@@ -16,6 +16,7 @@ from runtime.drafter.train import (
     FrozenTarget,
     TrainConfig,
     TrainerState,
+    acceptance,
     block_hidden,
     block_labels,
     block_loss,
@@ -83,6 +84,17 @@ def test_labels_past_the_end_are_ignored_and_anchors_stay_in_the_response():
     assert block_labels(ids, torch.tensor([7]), 3).tolist() == [[8, 9, IGNORE]]
     anchors = sample_anchors(prompt_len=4, length=10, count=100, gen=torch.Generator().manual_seed(0))
     assert anchors.tolist() == list(range(4, 9))
+
+
+def test_validation_counts_full_blocks_only_and_skips_a_response_shorter_than_a_block():
+    target = _tiny_target()
+    drafter = random_drafter(TINY, num_layers=1, block_size=4, target_layer_ids=[1, 3], mask_token_id=0)
+    frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
+    full, short = _sequence(12, 2 * TINY.hidden_size, seed=2), _sequence(6, 2 * TINY.hidden_size, seed=3)
+    assert acceptance(drafter, frozen, [full])["anchors"] == 12 - 4 - 3  # anchors 4..8 have 3 labels each
+    assert acceptance(drafter, frozen, [full, short]) == acceptance(drafter, frozen, [full])
+    with pytest.raises(ValueError, match="no held-out anchor has a full block"):
+        acceptance(drafter, frozen, [short])
 
 
 def test_a_few_training_steps_lower_the_loss_on_two_short_sequences():
