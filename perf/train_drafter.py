@@ -437,7 +437,8 @@ def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None
 # longer time box (the cosine restarts from where phase 1 stood in the new box); phase 3
 # added target-written chat turns (seed 1) and doctest stubs and resumed again.
 PHASE2_MINUTES = 125.0
-PHASE3_MINUTES = 225.0
+PHASE3_MINUTES = 215.0
+PHASE3_VOCAB = 12288  # rebuilt from all four data runs
 CODE_RUN, CHAT_RUN, DOCTEST_RUN = "code0", "chat1", "code1"
 CHAT_RUN_PROMPTS = 480
 
@@ -460,7 +461,8 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CHAT_RUN, seed=1,
                **{**only, "self_chat": CHAT_RUN_PROMPTS}, self_chat_file=self_chat_record(1))
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=DOCTEST_RUN, **only, mbpp_doctest=463)
-    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE3_MINUTES)
+    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE3_MINUTES, rebuild_vocab=True,
+               vocab_size=PHASE3_VOCAB)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 
