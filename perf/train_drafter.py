@@ -97,6 +97,8 @@ def train_drafter() -> None:
 @_SEED
 @_THREADS
 @click.option("--gsm8k", type=int, default=1500, show_default=True, help="GSM8K train prompts (MIT).")
+@click.option("--gsm8k-stub", type=int, default=0, show_default=True,
+              help="GSM8K train questions as HumanEval-style stubs `def solution() -> int` (answered in bare code).")
 @click.option("--mbpp", type=int, default=464, show_default=True, help="MBPP task_id 511-974 prompts (CC-BY-4.0).")
 @click.option("--mbpp-stub", type=int, default=0, show_default=True,
               help="The same MBPP tasks as HumanEval-style function stubs (signature + docstring).")
@@ -112,9 +114,11 @@ def train_drafter() -> None:
 @click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
 @click.option("--name", default=None, help="Data run folder under --work/train (default seed<SEED>); "
               "another name adds a separate run beside it.")
-def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: int, mbpp_stub: int, mbpp_doctest: int,
-         self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int, batch_size: int,
-         max_new_tokens: int, gen_minutes: float, name: str | None) -> None:
+@click.option("--skip-seen/--keep-seen", default=True, show_default=True,
+              help="Drop prompts another data run under --work/train already answered.")
+def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
+         mbpp_doctest: int, self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int,
+         batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()
@@ -129,14 +133,20 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, mbpp: 
             work.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = {"gsm8k_train": gsm8k, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub, "mbpp_doctest": mbpp_doctest,
+    counts = {"gsm8k_train": gsm8k, "gsm8k_stub": gsm8k_stub, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub, "mbpp_doctest": mbpp_doctest,
               "self_chat": len(written), "alpaca": alpaca, "code_alpaca": code_alpaca}
     prompts = D.load_prompts(data_dir, {k: v for k, v in counts.items() if v > 0}, seed, written)
     evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
     kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
     click.echo(f"{len(prompts) - len(kept)} of {len(prompts)} prompts dropped: they share a 13-gram with an evaluation set")
     prompts = [(name, p) for name, p in prompts if p in kept]
-    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, work / "train" / (name or f"seed{seed}"), batch_size,
+    run_dir = work / "train" / (name or f"seed{seed}")
+    if skip_seen:
+        seen = D.answered_prompts(work / "train", skip=run_dir)
+        fresh = [(n, p) for n, p in prompts if tuple(D.chat_ids(tok, p)) not in seen]
+        click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: another data run answered them")
+        prompts = fresh
+    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, run_dir, batch_size,
                            max_new_tokens, gen_minutes * 60)
     click.echo(json.dumps(meta, indent=2))
 
@@ -210,6 +220,8 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--anchors", type=int, default=16, show_default=True, help="Blocks sampled per sequence per step.")
 @click.option("--seqs-per-step", type=int, default=4, show_default=True, help="Sequences per optimizer step.")
 @click.option("--lr", type=float, default=1.5e-3, show_default=True, help="Peak AdamW learning rate (cosine over time).")
+@click.option("--rewarm-steps", type=int, default=0, show_default=True,
+              help="On resume: ramp the learning rate up to the schedule's value over so many steps.")
 @click.option("--gamma", type=float, default=7.0, show_default=True, help="DFlash position-decay constant of the loss.")
 @click.option("--kd-weight", type=float, default=0.0, show_default=True,
               help="Share of the loss on the target's soft next-token law (read from the final-layer tap); 0 = hard labels.")
@@ -223,7 +235,8 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
                    "(data runs added since); the head keeps its weights.")
 def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
           draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
-          stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, gamma: float, kd_weight: float,
+          stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, rewarm_steps: int, gamma: float,
+          kd_weight: float,
           bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
     from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab
@@ -261,7 +274,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         )
         state = T.TrainerState()
     cfg = T.TrainConfig(
-        budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
+        budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr, rewarm_steps=rewarm_steps,
         decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16, eval_every_s=eval_every_min * 60,
         max_steps=max_steps, segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
     )

@@ -173,6 +173,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # cosine (over elapsed time) ends at lr * min_lr_ratio
     warmup_steps: int = 30
+    rewarm_steps: int = 0  # a resumed run ramps its learning rate up linearly over so many steps (0: jumps straight back)
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     decay_gamma: float | None = 7.0  # DFlash position decay; None = uniform
@@ -185,6 +186,8 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.rewarm_steps < 0:
+            raise ValueError(f"rewarm_steps must be >= 0, got {self.rewarm_steps}")
         if self.budget_s <= 0 or self.anchors_per_seq < 1 or self.seqs_per_step < 1 or self.lr <= 0:
             raise ValueError("budget_s, anchors_per_seq, seqs_per_step and lr must be positive")
         if not 0.0 <= self.kd_weight <= 1.0:
@@ -232,11 +235,18 @@ def drafter_rotary(drafter: Any) -> Rotary:
     return Rotary(default_inv_freq(cfg.head_dim, cfg.rope_theta))
 
 
-def _lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
+def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0) -> float:
+    """Linear warm-up, then a cosine over the elapsed share of the whole time box. A resumed
+    run (run_start_step > 0) picks the cosine up where the longer box puts it, ramping up
+    to it over `rewarm_steps` instead of jumping there (a wider box raises the rate)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = min(1.0, elapsed / cfg.budget_s)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    lr = cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    into_run = step - run_start_step
+    if run_start_step > 0 and into_run < cfg.rewarm_steps:
+        lr *= (into_run + 1) / cfg.rewarm_steps
+    return lr
 
 
 def _autocast(cfg: TrainConfig):
@@ -260,7 +270,7 @@ def train(
     state = state or TrainerState()
     state.runs.append({"step": state.step, "seconds": round(state.elapsed_s, 1), **(run_info or {}),
                        "train_config": {k: getattr(cfg, k) for k in cfg.__slots__}})
-    run = len(state.runs) - 1
+    run, run_start_step = len(state.runs) - 1, state.step
     gen = torch.Generator().manual_seed(cfg.seed)
     if state.generator is not None:
         gen.set_state(state.generator)
@@ -301,7 +311,7 @@ def train(
         if time.monotonic() >= segment_end:
             break
         for group in opt.param_groups:
-            group["lr"] = _lr_at(cfg, state.step, elapsed)
+            group["lr"] = _lr_at(cfg, state.step, elapsed, run_start_step)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for _ in range(cfg.seqs_per_step):

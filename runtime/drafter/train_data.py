@@ -42,6 +42,7 @@ PROMPT_SOURCES = {
     s.name: s
     for s in (
         PromptSource("gsm8k_train", "gsm8k_train.jsonl", "MIT (openai/grade-school-math)"),
+        PromptSource("gsm8k_stub", "gsm8k_train.jsonl", "MIT (openai/grade-school-math), as function stubs"),
         PromptSource("mbpp_train", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974"),
         PromptSource("mbpp_stub", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974, as function stubs"),
         PromptSource("mbpp_doctest", "mbpp.jsonl",
@@ -90,10 +91,18 @@ def mbpp_stub(row: dict[str, Any], every_test: bool = False) -> str | None:
     return f'{head}{signature}\n    """ {doc}\n    """\n'
 
 
+def gsm8k_stub(question: str) -> str:
+    """A GSM8K question as a HumanEval-style stub (pool `gsm8k_stub`): the target answers
+    a stub with bare code, the shape of a HumanEval answer, on a permissive pool larger
+    than MBPP's 463 training tasks."""
+    return f'def solution() -> int:\n    """ {question.strip()}\n    Return the final answer.\n    """\n'
+
+
 def _pool(data_dir: Path, source: PromptSource) -> list[str]:
     path = Path(data_dir) / str(source.file)
-    if source.name == "gsm8k_train":
-        return [r["question"] for r in read_jsonl(path)]
+    if source.name in ("gsm8k_train", "gsm8k_stub"):
+        questions = [r["question"] for r in read_jsonl(path)]
+        return questions if source.name == "gsm8k_train" else [gsm8k_stub(q) for q in questions]
     if source.name in ("mbpp_train", "mbpp_stub", "mbpp_doctest"):
         rows = [r for r in read_jsonl(path) if 511 <= int(r["task_id"]) <= 974]  # never MBPP test (11-510)
         if source.name == "mbpp_train":
@@ -124,6 +133,19 @@ def load_prompts(
         out += [(name, t) for t in texts[:count]]
     rng.shuffle(out)
     return out
+
+
+def answered_prompts(data_dir: Path, skip: Path | None = None) -> set[tuple[int, ...]]:
+    """Prompt token ids of every sequence already generated under data_dir (all data runs
+    but the folder `skip`): a new data run drops them instead of generating them again
+    (greedy continuations are deterministic, so a repeat adds no data)."""
+    seen: set[tuple[int, ...]] = set()
+    for path in sorted(Path(data_dir).rglob("shard_*.pt")):
+        if skip is not None and path.parent == Path(skip):
+            continue
+        for rec in torch.load(path, mmap=True, weights_only=True):  # mmap: the taps are never read
+            seen.add(tuple(rec["ids"][: rec["prompt_len"]].tolist()))
+    return seen
 
 
 def _ngrams(text: str, n: int = 13) -> set[tuple[str, ...]]:

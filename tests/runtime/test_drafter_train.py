@@ -16,6 +16,7 @@ from runtime.drafter.train import (
     FrozenTarget,
     TrainConfig,
     TrainerState,
+    _lr_at,
     acceptance,
     block_hidden,
     block_labels,
@@ -128,6 +129,17 @@ def test_a_run_resumed_from_its_saved_state_equals_the_uninterrupted_run():
     assert resumed_state.step == 8 and state.step == 4
     for (name, a), (_, b) in zip(whole.state_dict().items(), first.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_resumed_run_ramps_back_up_to_the_cosine_over_its_rewarm_steps_instead_of_jumping():
+    cfg = TrainConfig(budget_s=100.0, lr=1e-3, warmup_steps=10, rewarm_steps=4)
+    scheduled = _lr_at(cfg, 500, 50.0)  # run_start_step 0: a fresh run's plain cosine
+    assert scheduled == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    ramp = [_lr_at(cfg, step, 50.0, run_start_step=500) for step in range(500, 506)]
+    assert ramp == pytest.approx([scheduled * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 1.0)])
+    assert _lr_at(TrainConfig(budget_s=100.0, lr=1e-3), 500, 50.0, run_start_step=500) == scheduled  # default: jumps
+    with pytest.raises(ValueError, match="rewarm_steps"):
+        TrainConfig(budget_s=100.0, rewarm_steps=-1)
 
 
 def test_target_block_logprobs_are_the_lm_head_law_of_each_slot_renormalized_over_the_draft_vocabulary():

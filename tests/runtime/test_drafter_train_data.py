@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.drafter.train_data import build_dataset, load_prompts, mbpp_stub, shard_paths
+from runtime.drafter.train_data import answered_prompts, build_dataset, chat_ids, load_prompts, mbpp_stub, shard_paths
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -33,6 +33,17 @@ def test_a_time_boxed_build_resumes_and_keeps_the_shards_it_already_wrote(embedd
     assert json.loads((tmp_path / "meta.json").read_text())["seconds"] >= first["seconds"]
     with pytest.raises(ValueError, match="other prompts"):
         build_dataset(model, tok, PROMPTS[::-1], [1, 3], tmp_path, batch_size=2, max_new_tokens=3, budget_s=0.0)
+
+
+def test_answered_prompts_are_those_of_every_other_data_run(embedded_hf, tmp_path):
+    """A new data run drops prompts an earlier run answered (a greedy repeat adds nothing)."""
+    model, tok = embedded_hf
+    build_dataset(model, tok, PROMPTS[:2], [1, 3], tmp_path / "a", batch_size=2, max_new_tokens=2, budget_s=float("inf"))
+    build_dataset(model, tok, PROMPTS[3:4], [1, 3], tmp_path / "b", batch_size=2, max_new_tokens=2, budget_s=float("inf"))
+    ids = {i: tuple(chat_ids(tok, p)) for i, (_, p) in enumerate(PROMPTS)}
+    assert answered_prompts(tmp_path) == {ids[0], ids[1], ids[3]}
+    assert answered_prompts(tmp_path, skip=tmp_path / "b") == {ids[0], ids[1]}  # a run resuming keeps its own
+    assert answered_prompts(tmp_path / "empty") == set()
 
 
 def test_the_final_layer_tap_is_the_normed_last_hidden_state_so_lm_head_of_it_is_the_greedy_law(embedded_hf, tmp_path):
@@ -68,6 +79,18 @@ def test_the_doctest_stub_opens_with_the_solution_imports_and_holds_every_equali
         'import heapq\nfrom math import inf\n\n\ndef sort_items(xs):\n    """ Write a function to sort items.\n'
         '    >>> sort_items([2, 1])\n    [1, 2]\n    >>> sort_items([])\n    []\n    """\n')
     assert mbpp_stub(row).count(">>>") == 1 and not mbpp_stub(row).startswith("import")
+
+
+@pytest.mark.skipif(not (DATA / "gsm8k_train.jsonl").is_file(), reason="shared data folder not present")
+def test_every_gsm8k_stub_is_a_python_function_whose_docstring_holds_its_question():
+    pairs = load_prompts(DATA, {"gsm8k_train": 7473, "gsm8k_stub": 7473}, seed=0)
+    questions = {p for name, p in pairs if name == "gsm8k_train"}
+    stubs = [p for name, p in pairs if name == "gsm8k_stub"]
+    assert len(set(stubs)) == 7473
+    for stub in stubs:
+        fn = ast.parse(stub).body[-1]
+        assert isinstance(fn, ast.FunctionDef) and fn.name == "solution", stub
+        assert ast.get_docstring(fn).split("\n")[0] in {q.strip() for q in questions}
 
 
 @pytest.mark.skipif(not (DATA / "mbpp.jsonl").is_file(), reason="shared data folder not present")
