@@ -415,6 +415,38 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
         plot_training_curve(json.loads((checkpoint / "training.json").read_text()), training_curve)
 
 
+@train_drafter.command("fit")
+@_WORK
+@_THREADS
+@_CHECKPOINT
+@click.option("--per-run", type=int, default=24, show_default=True, help="Sequences per data run and split.")
+@click.option("--val-shards", type=int, default=2, show_default=True, help="Validation shards per data run.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the table as JSON here.")
+def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: int, json_path: Path | None) -> None:
+    """Over- or under-fitting: teacher-forced tau per data run on sequences the head trained on
+    beside held-out sequences of the same run. A wide gap means more data pays; none, a wider head."""
+    from runtime.drafter import load_drafter
+
+    _setup(threads, 0)
+    _, _, frozen, target_cfg = _target()
+    drafter = load_drafter(checkpoint, target_cfg)
+    train_paths, val_paths = D.split_shards(work / "train", val_shards)
+    stored, layer_ids = D.stored_layer_ids(work / "train"), list(drafter.config.target_layer_ids)
+    rows = {}
+    for run in sorted({p.parent for p in val_paths}):
+        taus = {}
+        for split, paths in (("train", train_paths), ("validation", val_paths)):
+            mine = [p for p in paths if p.parent == run]
+            recs = D.load_records(mine[:val_shards], stored, layer_ids, target_cfg.hidden_size)[:per_run]
+            taus[split] = T.acceptance(drafter, frozen, recs)["tau"]
+        rows[run.name] = {**taus, "gap": round(taus["train"] / max(taus["validation"], 1e-9), 3)}
+        click.echo(f"{run.name:>8}  train tau {taus['train']:.3f}  validation tau {taus['validation']:.3f}  "
+                   f"ratio {rows[run.name]['gap']:.2f}")
+    if json_path is not None:
+        json_path.write_text(json.dumps({"checkpoint": str(checkpoint), "per_run": per_run, "runs": rows}, indent=2) + "\n")
+
+
 CHAIN_TARGETS = {"gsm8k": 2.0, "humaneval": 2.0, "mt_bench": 1.6}  # the training issue's must-show
 
 
@@ -454,6 +486,10 @@ PHASE3_MINUTES = 215.0
 PHASE3_VOCAB = 12288  # rebuilt from all four data runs
 CODE_RUN, CHAT_RUN, DOCTEST_RUN = "code0", "chat1", "code1"
 CHAT_RUN_PROMPTS = 480
+PHASE4_MINUTES = 278.0
+PHASE4_REWARM_STEPS = 300  # ~3 minutes: the wider box lifts the rate 2x over phase 3's end
+CHAT2_RUN, CHAT2_PROMPTS = "chat2", 720  # target-written, seed 2
+GSM_RUN, GSM_RUN_SEED, GSM_RUN_PROMPTS, GSM_RUN_STUBS = "gsm1", 3, 1500, 800  # prompts other runs hold are skipped
 
 
 @train_drafter.command("recipe")
@@ -462,7 +498,7 @@ CHAT_RUN_PROMPTS = 480
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, the three training phases and the report."""
+    """Rebuild the shipped head: data, held-out data, the four training phases and the report."""
     seed0 = self_chat_record(0)
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
@@ -476,6 +512,12 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=DOCTEST_RUN, **only, mbpp_doctest=463)
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE3_MINUTES, rebuild_vocab=True,
                vocab_size=PHASE3_VOCAB)
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CHAT2_RUN, seed=2,
+               **{**only, "self_chat": CHAT2_PROMPTS}, self_chat_file=self_chat_record(2))
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=GSM_RUN, seed=GSM_RUN_SEED,
+               **{**only, "gsm8k": GSM_RUN_PROMPTS}, gsm8k_stub=GSM_RUN_STUBS)
+    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE4_MINUTES, vocab_size=PHASE3_VOCAB,
+               rewarm_steps=PHASE4_REWARM_STEPS)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 

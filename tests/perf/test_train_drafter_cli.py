@@ -1,6 +1,7 @@
 """`cast-trtllm train-drafter`: `curve` turns replay reports of checkpoints at several
 training times into one learning curve (sorted by time, targets recorded) and refuses a
-report without its training time; `train --rebuild-vocab` needs a run to resume."""
+report without its training time; `train --rebuild-vocab` needs a run to resume; `fit`
+reports training and validation tau of every data run."""
 
 from __future__ import annotations
 
@@ -46,3 +47,25 @@ def test_rebuilding_the_vocabulary_without_a_run_to_resume_is_refused(tmp_path):
     assert res.exit_code == 2 and "needs --resume, a trainer state" in res.output
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--fresh", "--rebuild-vocab"])
     assert res.exit_code == 2 and "--rebuild-vocab" in res.output
+
+
+def test_fit_compares_each_data_runs_training_and_validation_tau(embedded_hf, tmp_path):
+    from runtime.drafter import random_drafter, save_drafter
+    from runtime.drafter.train_data import build_dataset
+    from runtime.model.llama import TargetConfig
+
+    model, tok = embedded_hf
+    prompts = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Say hi."), ("gsm8k_train", "Halve 10."),
+               ("self_chat", "Name a colour.")]
+    for run in ("a", "b"):
+        build_dataset(model, tok, prompts, [1, 29], tmp_path / "train" / run, batch_size=2, max_new_tokens=20,
+                      budget_s=float("inf"))
+    head = random_drafter(TargetConfig.from_hf(model.config), num_layers=1, block_size=4, target_layer_ids=[1, 29])
+    save_drafter(head, tmp_path / "head")
+    out = tmp_path / "fit.json"
+    res = CliRunner().invoke(train_drafter, ["fit", "--work", str(tmp_path), "--checkpoint", str(tmp_path / "head"),
+                                             "--val-shards", "1", "--threads", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(runs) == ["a", "b"]
+    assert all(0.0 <= row[k] <= 3.0 for row in runs.values() for k in ("train", "validation"))
