@@ -480,7 +480,9 @@ def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None
 # The shipped head's history: phase 1 trained 50 min on what a 27-minute generation box
 # produced; phase 2 finished the prompt pools, added the MBPP stubs, and resumed with a
 # longer time box (the cosine restarts from where phase 1 stood in the new box); phase 3
-# added target-written chat turns (seed 1) and doctest stubs and resumed again.
+# added target-written chat turns (seed 1) and doctest stubs and resumed again; phase 4
+# (the head was data-bound: `fit`) added more chat turns (seed 2), GSM8K questions no run
+# held and GSM8K stubs, and resumed with a re-warm-up instead of a jump of the rate.
 PHASE2_MINUTES = 125.0
 PHASE3_MINUTES = 215.0
 PHASE3_VOCAB = 12288  # rebuilt from all four data runs
@@ -490,6 +492,7 @@ PHASE4_MINUTES = 278.0
 PHASE4_REWARM_STEPS = 300  # ~3 minutes: the wider box lifts the rate 2x over phase 3's end
 CHAT2_RUN, CHAT2_PROMPTS = "chat2", 720  # target-written, seed 2
 GSM_RUN, GSM_RUN_SEED, GSM_RUN_PROMPTS, GSM_RUN_STUBS = "gsm1", 3, 1500, 800  # prompts other runs hold are skipped
+GSM_RUN_MINUTES = 24.0  # time-boxed, as the shipped head's run was
 
 
 @train_drafter.command("recipe")
@@ -515,7 +518,7 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CHAT2_RUN, seed=2,
                **{**only, "self_chat": CHAT2_PROMPTS}, self_chat_file=self_chat_record(2))
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=GSM_RUN, seed=GSM_RUN_SEED,
-               **{**only, "gsm8k": GSM_RUN_PROMPTS}, gsm8k_stub=GSM_RUN_STUBS)
+               **{**only, "gsm8k": GSM_RUN_PROMPTS, "gen_minutes": GSM_RUN_MINUTES}, gsm8k_stub=GSM_RUN_STUBS)
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE4_MINUTES, vocab_size=PHASE3_VOCAB,
                rewarm_steps=PHASE4_REWARM_STEPS)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
