@@ -490,9 +490,9 @@ CODE_RUN, CHAT_RUN, DOCTEST_RUN = "code0", "chat1", "code1"
 CHAT_RUN_PROMPTS = 480
 PHASE4_MINUTES = 278.0
 PHASE4_REWARM_STEPS = 300  # ~3 minutes: the wider box lifts the rate 2x over phase 3's end
-CHAT2_RUN, CHAT2_PROMPTS = "chat2", 720  # target-written, seed 2
+CHAT2_RUN, CHAT2_PROMPTS, CHAT2_MINUTES = "chat2", 720, 14.0  # target-written, seed 2; time-boxed (672 answered)
 GSM_RUN, GSM_RUN_SEED, GSM_RUN_PROMPTS, GSM_RUN_STUBS = "gsm1", 3, 1500, 800  # prompts other runs hold are skipped
-GSM_RUN_MINUTES = 24.0  # time-boxed, as the shipped head's run was
+GSM_RUN_MINUTES = 24.0
 
 
 @train_drafter.command("recipe")
@@ -516,7 +516,7 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE3_MINUTES, rebuild_vocab=True,
                vocab_size=PHASE3_VOCAB)
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=CHAT2_RUN, seed=2,
-               **{**only, "self_chat": CHAT2_PROMPTS}, self_chat_file=self_chat_record(2))
+               **{**only, "self_chat": CHAT2_PROMPTS, "gen_minutes": CHAT2_MINUTES}, self_chat_file=self_chat_record(2))
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=GSM_RUN, seed=GSM_RUN_SEED,
                **{**only, "gsm8k": GSM_RUN_PROMPTS, "gen_minutes": GSM_RUN_MINUTES}, gsm8k_stub=GSM_RUN_STUBS)
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE4_MINUTES, vocab_size=PHASE3_VOCAB,
