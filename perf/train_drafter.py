@@ -133,8 +133,8 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
             work.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = {"gsm8k_train": gsm8k, "gsm8k_stub": gsm8k_stub, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub, "mbpp_doctest": mbpp_doctest,
-              "self_chat": len(written), "alpaca": alpaca, "code_alpaca": code_alpaca}
+    counts = {"gsm8k_train": gsm8k, "gsm8k_stub": gsm8k_stub, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub,
+              "mbpp_doctest": mbpp_doctest, "self_chat": len(written), "alpaca": alpaca, "code_alpaca": code_alpaca}
     prompts = D.load_prompts(data_dir, {k: v for k, v in counts.items() if v > 0}, seed, written)
     evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
     kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
@@ -146,8 +146,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
         fresh = [(n, p) for n, p in prompts if tuple(D.chat_ids(tok, p)) not in seen]
         click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: another data run answered them")
         prompts = fresh
-    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, run_dir, batch_size,
-                           max_new_tokens, gen_minutes * 60)
+    meta = D.build_dataset(hf, tok, prompts, LAYER_IDS, run_dir, batch_size, max_new_tokens, gen_minutes * 60)
     click.echo(json.dumps(meta, indent=2))
 
 
@@ -236,8 +235,7 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
           draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
           stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, rewarm_steps: int, gamma: float,
-          kd_weight: float,
-          bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool) -> None:
+          kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
     from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab
 
@@ -274,9 +272,9 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         )
         state = T.TrainerState()
     cfg = T.TrainConfig(
-        budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr, rewarm_steps=rewarm_steps,
-        decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16, eval_every_s=eval_every_min * 60,
-        max_steps=max_steps, segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
+        budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
+        rewarm_steps=rewarm_steps, decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16,
+        eval_every_s=eval_every_min * 60, max_steps=max_steps, segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
     )
     layer_ids = list(drafter.config.target_layer_ids)
     monitor = [r for run in sorted({p.parent for p in val_paths})  # validation tau: 24 of each data run
@@ -440,9 +438,9 @@ def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: in
             mine = [p for p in paths if p.parent == run]
             recs = D.load_records(mine[:val_shards], stored, layer_ids, target_cfg.hidden_size)[:per_run]
             taus[split] = T.acceptance(drafter, frozen, recs)["tau"]
-        rows[run.name] = {**taus, "gap": round(taus["train"] / max(taus["validation"], 1e-9), 3)}
+        rows[run.name] = {**taus, "ratio": round(taus["train"] / max(taus["validation"], 1e-9), 3)}
         click.echo(f"{run.name:>8}  train tau {taus['train']:.3f}  validation tau {taus['validation']:.3f}  "
-                   f"ratio {rows[run.name]['gap']:.2f}")
+                   f"ratio {rows[run.name]['ratio']:.2f}")
     if json_path is not None:
         json_path.write_text(json.dumps({"checkpoint": str(checkpoint), "per_run": per_run, "runs": rows}, indent=2) + "\n")
 
