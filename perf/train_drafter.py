@@ -51,6 +51,8 @@ _SEED = click.option("--seed", type=int, default=0, show_default=True, help="See
 _CHECKPOINT = click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
                            show_default=True, help="Drafter checkpoint (the shipped head by default).")
 _THREADS = click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
+_VAL_SHARDS = click.option("--val-shards", type=int, default=2, show_default=True,
+                           help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 
 
 def _setup(threads: int, seed: int) -> None:
@@ -226,8 +228,7 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
               help="Share of the loss on the target's soft next-token law (read from the final-layer tap); 0 = hard labels.")
 @click.option("--bf16/--fp32", "bf16", default=True, show_default=True, help="bf16 autocast of the matmuls.")
 @click.option("--eval-every-min", type=float, default=8.0, show_default=True, help="Validation tau period.")
-@click.option("--val-shards", type=int, default=2, show_default=True,
-              help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
+@_VAL_SHARDS
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue from --work's trainer state.")
 @click.option("--rebuild-vocab", is_flag=True,
               help="On resume: rebuild the draft vocabulary at --vocab-size from the current training shards "
@@ -332,7 +333,7 @@ def _write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
 @_WORK
 @_THREADS
 @_CHECKPOINT
-@click.option("--val-shards", type=int, default=2, show_default=True, help="Validation shards per data run.")
+@_VAL_SHARDS
 def calibrate(work: Path, threads: int, checkpoint: Path, val_shards: int) -> None:
     """Fit the plug-in mass calibration (acceptance ~= rho ** beta) on the validation split."""
     from runtime.drafter import load_drafter
@@ -418,7 +419,7 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
 @_THREADS
 @_CHECKPOINT
 @click.option("--per-run", type=int, default=24, show_default=True, help="Sequences per data run and split.")
-@click.option("--val-shards", type=int, default=2, show_default=True, help="Validation shards per data run.")
+@_VAL_SHARDS
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the table as JSON here.")
 def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: int, json_path: Path | None) -> None:
