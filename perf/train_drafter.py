@@ -481,7 +481,8 @@ def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None
 # longer time box (the cosine restarts from where phase 1 stood in the new box); phase 3
 # added target-written chat turns (seed 1) and doctest stubs and resumed again; phase 4
 # (the head was data-bound: `fit`) added more chat turns (seed 2), GSM8K questions no run
-# held and GSM8K stubs, and resumed with a re-warm-up instead of a jump of the rate.
+# held and GSM8K stubs, and resumed with a re-warm-up instead of a jump of the rate; phase 5
+# added a second run of unseen GSM8K questions and stubs (seed 4) and resumed the same way.
 PHASE2_MINUTES = 125.0
 PHASE3_MINUTES = 215.0
 PHASE3_VOCAB = 12288  # rebuilt from all four data runs
@@ -492,6 +493,8 @@ PHASE4_REWARM_STEPS = 300  # ~3 minutes: the wider box lifts the rate 2x over ph
 CHAT2_RUN, CHAT2_PROMPTS, CHAT2_MINUTES = "chat2", 720, 14.0  # target-written, seed 2; time-boxed (672 answered)
 GSM_RUN, GSM_RUN_SEED, GSM_RUN_PROMPTS, GSM_RUN_STUBS = "gsm1", 3, 1500, 800  # prompts other runs hold are skipped
 GSM_RUN_MINUTES = 24.0
+PHASE5_MINUTES = 360.0
+GSM2_RUN, GSM2_RUN_SEED, GSM2_RUN_PROMPTS, GSM2_RUN_MINUTES = "gsm2", 4, 1500, 32.0  # questions and stubs each
 
 
 @train_drafter.command("recipe")
@@ -500,7 +503,7 @@ GSM_RUN_MINUTES = 24.0
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, the four training phases and the report."""
+    """Rebuild the shipped head: data, held-out data, the five training phases and the report."""
     seed0 = self_chat_record(0)
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
@@ -519,6 +522,10 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=GSM_RUN, seed=GSM_RUN_SEED,
                **{**only, "gsm8k": GSM_RUN_PROMPTS, "gen_minutes": GSM_RUN_MINUTES}, gsm8k_stub=GSM_RUN_STUBS)
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE4_MINUTES, vocab_size=PHASE3_VOCAB,
+               rewarm_steps=PHASE4_REWARM_STEPS)
+    ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, name=GSM2_RUN, seed=GSM2_RUN_SEED,
+               **{**only, "gsm8k": GSM2_RUN_PROMPTS, "gen_minutes": GSM2_RUN_MINUTES}, gsm8k_stub=GSM2_RUN_PROMPTS)
+    ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE5_MINUTES, vocab_size=PHASE3_VOCAB,
                rewarm_steps=PHASE4_REWARM_STEPS)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
