@@ -161,7 +161,7 @@ def plot_learning_curve(points: Sequence[Mapping], out: str | Path, targets: Map
     if not points:
         raise ValueError("plot_learning_curve needs at least one report")
     points = sorted(points, key=lambda p: p["minutes"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     minutes = [p["minutes"] for p in points]
     for i, name in enumerate(points[0]["domains"]):
         color = f"C{i}"
@@ -173,5 +173,5 @@ def plot_learning_curve(points: Sequence[Mapping], out: str | Path, targets: Map
     ax.set_xlabel("training time (minutes, 2 CPU cores)")
     ax.set_ylabel("committed round length R (held-out replay)")
     ax.set_title("Learning curve of the DFlash head (dotted: chain targets)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: the curves reach the top
     return save_figure(fig, out)
