@@ -275,7 +275,8 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     cfg = T.TrainConfig(
         budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
         rewarm_steps=rewarm_steps, decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16,
-        eval_every_s=eval_every_min * 60, max_steps=max_steps, segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
+        eval_every_s=eval_every_min * 60, max_steps=max_steps,
+        segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
     )
     layer_ids = list(drafter.config.target_layer_ids)
     monitor = [r for run in sorted({p.parent for p in val_paths})  # validation tau: 24 of each data run
