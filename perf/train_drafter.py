@@ -93,6 +93,30 @@ def train_drafter() -> None:
 # ---------------------------------------------------------------- data
 
 
+def _pool_counts(gsm8k: int = 0, gsm8k_stub: int = 0, mbpp: int = 0, mbpp_stub: int = 0, mbpp_doctest: int = 0,
+                 self_chat: int = 0, alpaca: int = 0, code_alpaca: int = 0) -> dict[str, int]:
+    """Prompts per pool of a data run, in the order `load_prompts` draws them (the order fixes the shuffle)."""
+    counts = {"gsm8k_train": gsm8k, "gsm8k_stub": gsm8k_stub, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub,
+              "mbpp_doctest": mbpp_doctest, "self_chat": self_chat, "alpaca": alpaca, "code_alpaca": code_alpaca}
+    return {k: v for k, v in counts.items() if v > 0}
+
+
+def shipped_prompts(data_dir: Path) -> set[str]:
+    """Every prompt the data runs of `recipe` phases 1-5 asked for (a superset of what they answered:
+    time boxes and skip-seen answered fewer). Drawn again from the recorded pools, seeds and counts."""
+    chat = {s: json.loads(self_chat_record(s).read_text()) for s in (0, 1, 2)}
+    runs = [  # (seed, counts, target-written prompts) of each data run, as `recipe` invokes `data`
+        (0, _pool_counts(gsm8k=1500, mbpp=464, self_chat=600), chat[0][:600]),
+        (0, _pool_counts(mbpp_stub=463), []),
+        (1, _pool_counts(self_chat=CHAT_RUN_PROMPTS), chat[1][:CHAT_RUN_PROMPTS]),
+        (0, _pool_counts(mbpp_doctest=463), []),
+        (2, _pool_counts(self_chat=CHAT2_PROMPTS), chat[2][:CHAT2_PROMPTS]),
+        (GSM_RUN_SEED, _pool_counts(gsm8k=GSM_RUN_PROMPTS, gsm8k_stub=GSM_RUN_STUBS), []),
+        (GSM2_RUN_SEED, _pool_counts(gsm8k=GSM2_RUN_PROMPTS, gsm8k_stub=GSM2_RUN_PROMPTS), []),
+    ]
+    return {p for seed, counts, written in runs for _, p in D.load_prompts(data_dir, counts, seed, written)}
+
+
 @train_drafter.command("data")
 @_WORK
 @_DATA
@@ -118,12 +142,21 @@ def train_drafter() -> None:
               "another name adds a separate run beside it.")
 @click.option("--skip-seen/--keep-seen", default=True, show_default=True,
               help="Drop prompts another data run under --work/train already answered.")
+@click.option("--skip-shipped/--keep-shipped", default=False, show_default=True,
+              help="Drop every prompt the shipped head's recorded data runs asked for (phases 1-5 of `recipe`): "
+                   "new data for a head resumed with `train --init-from` on a machine without those shards.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="Decoding precision. bf16 runs 1.7-2.8x faster where the CPU has AMX/AVX512-bf16; its greedy "
+                   "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
+                   "its taps as well as fp32 ones (train-drafter README). fp32 = the exact target.")
 def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
          mbpp_doctest: int, self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int,
-         batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool) -> None:
+         batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool,
+         skip_shipped: bool, dtype: str) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()
+    hf = hf.to(torch.bfloat16) if dtype == "bf16" else hf
     written: list[str] = []
     if self_chat_file is not None:
         written = json.loads(self_chat_file.read_text())[:self_chat]
@@ -133,16 +166,21 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
         cache = work / f"self_prompts_seed{seed}.json"
         if not cache.is_file() or len(json.loads(cache.read_text())) < self_chat:
             work.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed), indent=1))
+            cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed, batch_size), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = {"gsm8k_train": gsm8k, "gsm8k_stub": gsm8k_stub, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub,
-              "mbpp_doctest": mbpp_doctest, "self_chat": len(written), "alpaca": alpaca, "code_alpaca": code_alpaca}
-    prompts = D.load_prompts(data_dir, {k: v for k, v in counts.items() if v > 0}, seed, written)
+    counts = _pool_counts(gsm8k=gsm8k, gsm8k_stub=gsm8k_stub, mbpp=mbpp, mbpp_stub=mbpp_stub, mbpp_doctest=mbpp_doctest,
+                          self_chat=len(written), alpaca=alpaca, code_alpaca=code_alpaca)
+    prompts = D.load_prompts(data_dir, counts, seed, written)
     evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
     kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
     click.echo(f"{len(prompts) - len(kept)} of {len(prompts)} prompts dropped: they share a 13-gram with an evaluation set")
     prompts = [(name, p) for name, p in prompts if p in kept]
     run_dir = work / "train" / (name or f"seed{seed}")
+    if skip_shipped:
+        shipped = shipped_prompts(data_dir)
+        fresh = [(n, p) for n, p in prompts if p not in shipped]
+        click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: the shipped head's data runs asked for them")
+        prompts = fresh
     if skip_seen:
         seen = D.answered_prompts(work / "train", skip=run_dir)
         fresh = [(n, p) for n, p in prompts if tuple(D.chat_ids(tok, p)) not in seen]
@@ -233,24 +271,34 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--rebuild-vocab", is_flag=True,
               help="On resume: rebuild the draft vocabulary at --vocab-size from the current training shards "
                    "(data runs added since); the head keeps its weights.")
+@click.option("--init-from", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Continue a shipped head (its weights, draft vocabulary and training.json record: steps, minutes, "
+                   "runs) with a fresh optimizer, where its trainer state and shards are gone (a new machine). "
+                   "The time box counts its recorded minutes; pair it with --rewarm-steps.")
 def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
           draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
           stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, rewarm_steps: int, gamma: float,
-          kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool) -> None:
+          kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool,
+          init_from: Path | None) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
     from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab
 
     ckpt, state_path = work / "checkpoint", work / STATE_NAME
     resuming = resume and state_path.is_file()
-    if rebuild_vocab and not (resuming and vocab_size > 0):
-        raise click.UsageError("--rebuild-vocab widens a resumed head's draft vocabulary: it needs --resume, a trainer "
-                               f"state under {work} and --vocab-size > 0")
+    if init_from is not None and resuming:
+        raise click.UsageError(f"--init-from starts a new trainer state, but {state_path} exists: drop --init-from to "
+                               "resume it, or pass --fresh / another --work")
+    if rebuild_vocab and not ((resuming or init_from is not None) and vocab_size > 0):
+        raise click.UsageError("--rebuild-vocab widens a resumed head's draft vocabulary: it needs --resume with a "
+                               f"trainer state under {work} (or --init-from) and --vocab-size > 0")
     _setup(threads, seed)
     hf, tok, frozen, target_cfg = _target()
     layer_ids = [int(i) for i in draft_layer_ids.split(",")]
     train_paths, val_paths = D.split_shards(work / "train", val_shards)
     stored = D.stored_layer_ids(work / "train")
     meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
+    record = json.loads((init_from / "training.json").read_text()) if init_from is not None else {}
+    meta = {**record.get("data", {}), **meta}  # a continued head keeps the record of the data it was trained on
     sources = {k: v for run in meta.values() for k, v in run["licences"].items()}
     val_names = [str(p.relative_to(work)) for p in val_paths]
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
@@ -258,12 +306,11 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState.from_dict(torch.load(state_path, weights_only=False))
         vocab_info = json.loads((ckpt / "vocab.json").read_text())
         click.echo(f"resuming at step {state.step} ({state.elapsed_s / 60:.1f} min trained)")
-        drafter.config.extra["training_prompt_sources"] = sources  # data runs may have been added since
-        if rebuild_vocab:
-            ids, rebuilt = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
-            drafter = with_draft_vocab(drafter, ids)
-            vocab_info = {**rebuilt, "rebuilt_at_step": state.step, "before": vocab_info}
-            click.echo(f"draft vocabulary rebuilt: {vocab_info}")
+    elif init_from is not None:
+        drafter, vocab_info = load_drafter(init_from, target_cfg), record["vocab"]
+        state = T.TrainerState(step=record["steps"], elapsed_s=record["train_seconds"], log=record["loss_curve"],
+                               evals=record["validation_tau"], runs=record["runs"])
+        click.echo(f"continuing {init_from} at step {state.step} ({state.elapsed_s / 60:.1f} min trained), fresh optimizer")
     else:
         ids, vocab_info = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
         drafter = random_drafter(
@@ -272,6 +319,12 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
             extra={"training_prompt_sources": sources}, draft_vocab_ids=ids,
         )
         state = T.TrainerState()
+    drafter.config.extra["training_prompt_sources"] = sources  # data runs may have been added since
+    if rebuild_vocab:
+        ids, rebuilt = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
+        drafter = with_draft_vocab(drafter, ids)
+        vocab_info = {**rebuilt, "rebuilt_at_step": state.step, "before": vocab_info}
+        click.echo(f"draft vocabulary rebuilt: {vocab_info}")
     cfg = T.TrainConfig(
         budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
         rewarm_steps=rewarm_steps, decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16,
@@ -307,8 +360,22 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
                     num_target_layers=target_cfg.num_layers, run_info=run_info)
     click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")
     validation = D.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)
-    for folder in (ckpt, out):
-        _write_calibration(folder, target_cfg, frozen, validation)
+    fit = _write_calibration(out, target_cfg, frozen, validation)  # fitted on the shipped (fp16) weights
+    _store_calibration(ckpt, fit)  # the fp32 twin differs by rounding only: no second fit
+
+
+def _store_calibration(folder: Path, fit: dict) -> None:
+    """Put a fitted mass calibration into the config.json (and training.json copy) of `folder`."""
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw["cast_calibration"] = fit
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+    info = folder / "training.json"
+    if info.is_file():  # keep the training record's copy of the config in step
+        record = json.loads(info.read_text())
+        record["drafter_config"] = raw
+        info.write_text(json.dumps(record, indent=2) + "\n")
+    click.echo(f"{folder}: mass calibration {fit}")
 
 
 def _write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
@@ -317,16 +384,8 @@ def _write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
 
     drafter = load_drafter(folder, target_cfg)
     fit = RP.fit_mass_exponent([RP.score_anchors(drafter, frozen, r) for r in records])
-    path = folder / "config.json"
-    raw = json.loads(path.read_text())
-    raw["cast_calibration"] = {**fit, "fitted_on": f"{len(records)} validation sequences (training pools, held out)"}
-    path.write_text(json.dumps(raw, indent=2) + "\n")
-    info = folder / "training.json"
-    if info.is_file():  # keep the training record's copy of the config in step
-        record = json.loads(info.read_text())
-        record["drafter_config"] = raw
-        info.write_text(json.dumps(record, indent=2) + "\n")
-    click.echo(f"{folder}: mass calibration {fit}")
+    fit = {**fit, "fitted_on": f"{len(records)} validation sequences (training pools, held out)"}
+    _store_calibration(folder, fit)
     return fit
 
 

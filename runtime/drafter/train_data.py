@@ -308,6 +308,7 @@ def build_dataset(
         "licences": {name: PROMPT_SOURCES[name].licence for name in used if name in PROMPT_SOURCES},
         "layer_ids": list(layer_ids),
         "max_new_tokens": max_new_tokens,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),  # of the decoding target
         "seconds": round(earlier_s + generating, 1),  # generation time over all runs
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -1,7 +1,8 @@
 """`cast-trtllm train-drafter`: `curve` turns replay reports of checkpoints at several
 training times into one learning curve (sorted by time, targets recorded) and refuses a
 report without its training time; `train --rebuild-vocab` needs a run to resume; `fit`
-reports training and validation tau of every data run."""
+reports training and validation tau of every data run; `train --init-from` continues a
+head's record with a fresh optimizer; `data --skip-shipped` knows the shipped head's prompts."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_a_report_without_its_training_time_is_refused(tmp_path):
 
 def test_rebuilding_the_vocabulary_without_a_run_to_resume_is_refused(tmp_path):
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--rebuild-vocab"])
-    assert res.exit_code == 2 and "needs --resume, a trainer state" in res.output
+    assert res.exit_code == 2 and "needs --resume with a" in res.output
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--fresh", "--rebuild-vocab"])
     assert res.exit_code == 2 and "--rebuild-vocab" in res.output
 
@@ -69,3 +70,65 @@ def test_fit_compares_each_data_runs_training_and_validation_tau(embedded_hf, tm
     runs = json.loads(out.read_text())["runs"]
     assert sorted(runs) == ["a", "b"]
     assert all(0.0 <= row[k] <= 3.0 for row in runs.values() for k in ("train", "validation"))
+
+
+def _two_run_dataset(model, tok, root):
+    from runtime.drafter.train_data import build_dataset
+
+    prompts = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Say hi."), ("gsm8k_train", "Halve 10."),
+               ("self_chat", "Name a colour.")]
+    for run in ("a", "b"):
+        build_dataset(model, tok, prompts, [1, 29], root / "train" / run, batch_size=2, max_new_tokens=20,
+                      budget_s=float("inf"))
+
+
+def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, tmp_path, monkeypatch):
+    """A head whose trainer state is gone (a new machine) goes on from its training.json:
+    steps and minutes continue, earlier runs stay in the record, the data record keeps the
+    runs it was trained on, and an existing trainer state is not silently overridden."""
+    import perf.train_drafter as TD
+    from runtime.drafter import train as T
+    from runtime.model.llama import TargetConfig
+
+    model, tok = embedded_hf
+    monkeypatch.setattr(TD, "_target", lambda: (model, tok, T.FrozenTarget.from_hf(model), TargetConfig.from_hf(model.config)))
+    first, second = tmp_path / "first", tmp_path / "second"
+    _two_run_dataset(model, tok, first)
+    small = ["--num-layers", "1", "--block-size", "4", "--draft-layer-ids", "1,29", "--vocab-size", "64",
+             "--val-shards", "1", "--threads", "1", "--seqs-per-step", "1", "--anchors", "2"]
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(first), "--out", str(tmp_path / "head1"), "--fresh",
+                                             "--max-steps", "3", *small])
+    assert res.exit_code == 0, res.output
+    _two_run_dataset(model, tok, second)
+    (second / "train" / "a").rename(second / "train" / "c")  # the new machine's data run has another name
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(second), "--out", str(tmp_path / "head2"),
+                                             "--init-from", str(tmp_path / "head1"), "--max-steps", "5",
+                                             "--rewarm-steps", "2", *small])
+    assert res.exit_code == 0, res.output
+    before = json.loads((tmp_path / "head1" / "training.json").read_text())
+    after = json.loads((tmp_path / "head2" / "training.json").read_text())
+    assert before["steps"] == 3 and after["steps"] == 5
+    assert after["train_seconds"] > before["train_seconds"]
+    assert [r["step"] for r in after["runs"]] == [0, 3]
+    assert sorted(after["data"]) == ["a", "b", "c"]
+    assert after["vocab"] == before["vocab"]
+    calibrations = [json.loads((d / "config.json").read_text())["cast_calibration"]
+                    for d in (tmp_path / "head2", second / "checkpoint")]
+    assert calibrations[0] == calibrations[1] and calibrations[0]["mass_exponent"] > 0  # fitted once, stored twice
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(second), "--init-from", str(tmp_path / "head1"),
+                                             *small])
+    assert res.exit_code == 2 and "--init-from starts a new trainer state" in res.output
+
+
+def test_the_shipped_heads_prompts_hold_its_committed_chat_turns_and_leave_gsm8k_questions_unused():
+    from perf.train_drafter import ROOT, shipped_prompts, self_chat_record
+    from runtime.drafter import train_data as D
+
+    data = ROOT.parent / "shared" / "data"
+    shipped = shipped_prompts(data)
+    written = [p for seed, n in ((0, 600), (1, 480), (2, 720)) for p in json.loads(self_chat_record(seed).read_text())[:n]]
+    assert set(written) <= shipped
+    questions = D._pool(data, D.PROMPT_SOURCES["gsm8k_train"])
+    used = sum(q in shipped for q in questions)
+    assert 3000 < used <= 4500 < len(questions)  # three runs of 1500 draws, overlapping
+    assert shipped == shipped_prompts(data)  # drawn again from recorded seeds: deterministic

@@ -28,6 +28,7 @@ def test_a_time_boxed_build_resumes_and_keeps_the_shards_it_already_wrote(embedd
                          budget_s=float("inf"))
     assert full["sequences"] == 5 and len(shard_paths(tmp_path)) == 3
     assert full["sources"] == {"gsm8k_train": 2, "self_chat": 2, "mbpp_train": 1}
+    assert full["dtype"] == "float32"  # the decoding precision is recorded
     again = torch.load(tmp_path / "shard_00000.pt", weights_only=True)
     assert all(torch.equal(a["taps"], b["taps"]) for a, b in zip(kept, again))
     assert json.loads((tmp_path / "meta.json").read_text())["seconds"] >= first["seconds"]
