@@ -51,6 +51,8 @@ _SEED = click.option("--seed", type=int, default=0, show_default=True, help="See
 _CHECKPOINT = click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DRAFTER,
                            show_default=True, help="Drafter checkpoint (the shipped head by default).")
 _THREADS = click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
+_DEVICE = click.option("--device", default="cpu", show_default=True,
+                        help="torch device of the target and head (e.g. cuda): shards and checkpoints stay on disk as on CPU.")
 _VAL_SHARDS = click.option("--val-shards", type=int, default=2, show_default=True,
                            help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 
@@ -145,6 +147,7 @@ def shipped_prompts(data_dir: Path) -> set[str]:
 @click.option("--skip-shipped/--keep-shipped", default=False, show_default=True,
               help="Drop every prompt the shipped head's recorded data runs asked for (phases 1-5 of `recipe`): "
                    "new data for a head resumed with `train --init-from` on a machine without those shards.")
+@_DEVICE
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="Decoding precision. bf16 runs 1.7-2.8x faster where the CPU has AMX/AVX512-bf16; its greedy "
                    "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
@@ -152,11 +155,11 @@ def shipped_prompts(data_dir: Path) -> set[str]:
 def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
          mbpp_doctest: int, self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int,
          batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool,
-         skip_shipped: bool, dtype: str) -> None:
+         skip_shipped: bool, dtype: str, device: str) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()
-    hf = hf.to(torch.bfloat16) if dtype == "bf16" else hf
+    hf = hf.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     written: list[str] = []
     if self_chat_file is not None:
         written = json.loads(self_chat_file.read_text())[:self_chat]
@@ -271,6 +274,7 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--rebuild-vocab", is_flag=True,
               help="On resume: rebuild the draft vocabulary at --vocab-size from the current training shards "
                    "(data runs added since); the head keeps its weights.")
+@_DEVICE
 @click.option("--init-from", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Continue a shipped head (its weights, draft vocabulary and training.json record: steps, minutes, "
                    "runs) with a fresh optimizer, where its trainer state and shards are gone (a new machine). "
@@ -279,7 +283,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
           draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
           stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, rewarm_steps: int, gamma: float,
           kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool,
-          init_from: Path | None) -> None:
+          device: str, init_from: Path | None) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
     from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab
 
@@ -356,11 +360,13 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
     run_info = {"train_shards": len(train_paths), "threads": threads, "validation_shards": val_names,
                 "vocab": {k: v for k, v in vocab_info.items() if k != "before"}}
-    state = T.train(drafter, frozen, records, cfg, on_save, lambda d: T.acceptance(d, frozen, monitor), state,
+    on_device = T.FrozenTarget(frozen.embed_weight.to(device), frozen.lm_head_weight.to(device))
+    drafter.to(device)
+    state = T.train(drafter, on_device, records, cfg, on_save, lambda d: T.acceptance(d, on_device, monitor), state,
                     num_target_layers=target_cfg.num_layers, run_info=run_info)
     click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")
     validation = D.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)
-    fit = _write_calibration(out, target_cfg, frozen, validation)  # fitted on the shipped (fp16) weights
+    fit = _write_calibration(out, target_cfg, frozen, validation)  # on the CPU, on the shipped (fp16) weights
     _store_calibration(ckpt, fit)  # the fp32 twin differs by rounding only: no second fit
 
 
@@ -555,6 +561,13 @@ GSM_RUN, GSM_RUN_SEED, GSM_RUN_PROMPTS, GSM_RUN_STUBS = "gsm1", 3, 1500, 800  # 
 GSM_RUN_MINUTES = 24.0
 PHASE5_MINUTES = 360.0
 GSM2_RUN, GSM2_RUN_SEED, GSM2_RUN_PROMPTS, GSM2_RUN_MINUTES = "gsm2", 4, 1500, 32.0  # questions and stubs each
+# Phase 6 ran on a new machine without the phase 1-5 shards or trainer state: bf16-decoded data
+# runs of prompts no earlier run asked for, and the head continued from its weights and record
+# (`--init-from`) on those runs only, in a folder of its own. (run, seed, pool counts, minutes)
+PHASE6_WORK = "phase6"
+PHASE6_RUNS = (("chat3", 5, {"self_chat": 1200}, 11.0), ("code2", 6, {"gsm8k_stub": 3000}, 13.0),
+               ("gsm3", 7, {"gsm8k": 1500}, 8.0), ("chat4", 8, {"self_chat": 1200}, 12.0))
+PHASE6_MINUTES, PHASE6_BATCH, PHASE6_VAL_SHARDS = 425.0, 64, 1
 
 
 @train_drafter.command("recipe")
@@ -563,7 +576,7 @@ GSM2_RUN, GSM2_RUN_SEED, GSM2_RUN_PROMPTS, GSM2_RUN_MINUTES = "gsm2", 4, 1500, 3
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, the five training phases and the report."""
+    """Rebuild the shipped head: data, held-out data, the six training phases and the report."""
     seed0 = self_chat_record(0)
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
@@ -587,6 +600,14 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
                **{**only, "gsm8k": GSM2_RUN_PROMPTS, "gen_minutes": GSM2_RUN_MINUTES}, gsm8k_stub=GSM2_RUN_PROMPTS)
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE5_MINUTES, vocab_size=PHASE3_VOCAB,
                rewarm_steps=PHASE4_REWARM_STEPS)
+    phase6 = work / PHASE6_WORK
+    for run, seed, counts, minutes in PHASE6_RUNS:
+        chat = counts.get("self_chat", 0)
+        ctx.invoke(data, work=phase6, data_dir=data_dir, threads=threads, name=run, seed=seed,
+                   **{**only, **counts, "gen_minutes": minutes}, dtype="bf16", batch_size=PHASE6_BATCH,
+                   skip_shipped=True, self_chat_file=self_chat_record(seed) if chat else None)
+    ctx.invoke(train, work=phase6, threads=threads, init_from=DEFAULT_DRAFTER, train_minutes=PHASE6_MINUTES,
+               vocab_size=PHASE3_VOCAB, rewarm_steps=PHASE4_REWARM_STEPS, val_shards=PHASE6_VAL_SHARDS)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 

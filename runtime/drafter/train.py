@@ -49,8 +49,8 @@ def sample_anchors(prompt_len: int, length: int, count: int, gen: torch.Generato
 
 def block_labels(ids: torch.Tensor, anchors: torch.Tensor, num_draft: int) -> torch.Tensor:
     """[n, L] target-id labels ids[a+1..a+L]; IGNORE past the end of the sequence."""
-    idx = anchors[:, None] + torch.arange(1, num_draft + 1)[None, :]  # [n, L]
-    labels = torch.full(idx.shape, IGNORE, dtype=torch.long)
+    idx = anchors[:, None] + torch.arange(1, num_draft + 1, device=ids.device)[None, :]  # [n, L]
+    labels = torch.full(idx.shape, IGNORE, dtype=torch.long, device=ids.device)
     ok = idx < ids.numel()
     labels[ok] = ids.long()[idx[ok]]
     return labels
@@ -80,19 +80,19 @@ def block_hidden(
     Equals `DFlashDrafter.forward` run once per block on a feature cache holding
     taps[:a] (block j sees context columns < a_j and its own L+1 slots only).
     """
-    cfg = drafter.config
+    cfg, dev = drafter.config, taps.device  # ids and anchors live on the taps' device
     n, width, m = anchors.numel(), cfg.block_size, taps.shape[0]
-    block_ids = torch.full((n, width), cfg.mask_token_id, dtype=torch.long)
+    block_ids = torch.full((n, width), cfg.mask_token_id, dtype=torch.long, device=dev)
     block_ids[:, 0] = ids.long()[anchors]
     h = F.embedding(block_ids, embed_weight).reshape(n * width, -1)  # [n*(L+1), H]
-    pos = (anchors[:, None] + torch.arange(width)[None, :]).reshape(-1)  # [n*(L+1)]
+    pos = (anchors[:, None] + torch.arange(width, device=dev)[None, :]).reshape(-1)  # [n*(L+1)]
     block_rope = rotary(pos, h.dtype)
     ctx = drafter.hidden_norm(drafter.fc(taps))  # [m, H]
-    ctx_rope = rotary(torch.arange(m), h.dtype)
-    owner = torch.arange(n).repeat_interleave(width)  # block of each query row
+    ctx_rope = rotary(torch.arange(m, device=dev), h.dtype)
+    owner = torch.arange(n, device=dev).repeat_interleave(width)  # block of each query row
     visible = torch.cat(
         [
-            torch.arange(m)[None, :] < anchors[owner][:, None],  # context before the root
+            torch.arange(m, device=dev)[None, :] < anchors[owner][:, None],  # context before the root
             owner[:, None] == owner[None, :],  # own block, non-causal
         ],
         dim=1,
@@ -134,7 +134,7 @@ def target_block_logprobs(final_taps: torch.Tensor, head: DraftHead, anchors: to
     Returns log-probs [n, L, Vd] (renormalized over the draft vocabulary) and valid [n, L]
     (False past the end of the sequence). The lm_head runs once per distinct position.
     """
-    pos = anchors[:, None] + torch.arange(num_draft)[None, :]  # [n, L] positions a+k-1
+    pos = anchors[:, None] + torch.arange(num_draft, device=anchors.device)[None, :]  # [n, L] positions a+k-1
     valid = pos < final_taps.shape[0]
     lo, hi = int(anchors.min()), int(pos[valid].max()) + 1
     logp = torch.log_softmax(head.draft_logits(final_taps[lo:hi].float()), dim=-1)  # [hi-lo, Vd]
@@ -249,8 +249,8 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0)
     return lr
 
 
-def _autocast(cfg: TrainConfig):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if cfg.autocast_bf16 else contextlib.nullcontext()
+def _autocast(cfg: TrainConfig, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.autocast_bf16 else contextlib.nullcontext()
 
 
 @torch.enable_grad()  # callers may run under no_grad (e.g. a serving process)
@@ -266,7 +266,10 @@ def train(
     num_target_layers: int | None = None,  # needed when cfg.kd_weight > 0 (locates the final-layer tap)
     run_info: dict[str, Any] | None = None,  # recorded with this run in state.runs (e.g. its data)
 ) -> TrainerState:
-    """Train `drafter` in place until the time box or max_steps; returns the final state."""
+    """Train `drafter` in place until the time box or max_steps; returns the final state.
+
+    Runs where the target's weights are (`target.lm_head_weight.device`; the drafter must be
+    there too); records stream from the CPU and are moved per step."""
     state = state or TrainerState()
     state.runs.append({"step": state.step, "seconds": round(state.elapsed_s, 1), **(run_info or {}),
                        "train_config": {k: getattr(cfg, k) for k in cfg.__slots__}})
@@ -277,7 +280,8 @@ def train(
     rotary = drafter_rotary(drafter)
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     t2d = None if drafter.d2t is None else target_to_draft(head.target_ids, head.vocab_size)
-    weights = position_weights(drafter.config.num_draft_positions, cfg.decay_gamma)
+    device = target.lm_head_weight.device
+    weights = position_weights(drafter.config.num_draft_positions, cfg.decay_gamma).to(device)
     if cfg.kd_weight > 0 and num_target_layers is None:
         raise ValueError("kd_weight > 0 needs num_target_layers (to find the final-layer tap)")
     final = final_tap_columns(drafter, num_target_layers) if cfg.kd_weight > 0 else None
@@ -316,11 +320,11 @@ def train(
         total = 0.0
         for _ in range(cfg.seqs_per_step):
             rec = next(records)
-            ids, taps = rec["ids"], rec["taps"].float()
-            anchors = sample_anchors(rec["prompt_len"], ids.numel(), cfg.anchors_per_seq, gen)
+            ids, taps = rec["ids"].to(device), rec["taps"].to(device).float()
+            anchors = sample_anchors(rec["prompt_len"], ids.numel(), cfg.anchors_per_seq, gen).to(device)
             if anchors.numel() == 0:
                 continue
-            with _autocast(cfg):
+            with _autocast(cfg, device):
                 logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, anchors))
             labels = to_draft_labels(block_labels(ids, anchors, logits.shape[1]), t2d)
             loss = block_loss(logits, labels, weights)
@@ -369,18 +373,19 @@ def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]]
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     num_draft = drafter.config.num_draft_positions
     hits = []
+    device = target.lm_head_weight.device
     for rec in records:
-        ids, taps = rec["ids"], rec["taps"].float()
+        ids, taps = rec["ids"].to(device), rec["taps"].to(device).float()
         if ids.numel() - num_draft <= rec["prompt_len"]:
             continue  # a response shorter than a block (an early EOS) has no such anchor
-        all_anchors = torch.arange(rec["prompt_len"], ids.numel() - num_draft)
+        all_anchors = torch.arange(rec["prompt_len"], ids.numel() - num_draft, device=device)
         for part in all_anchors.split(chunk):
             best = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part)).argmax(-1)
             best = best if head.target_ids is None else head.target_ids[best]
             hits.append(best == block_labels(ids, part, num_draft))  # [n, L]
     if not hits:
         raise ValueError("no held-out anchor has a full block of labels; use longer continuations")
-    hit = torch.cat(hits).float()
+    hit = torch.cat(hits).float().cpu()
     chain = hit.cumprod(dim=1)
     return {
         "anchors": hit.shape[0],

@@ -174,10 +174,11 @@ def sample_self_prompts(
     seen: dict[str, None] = {}
     bar = tqdm(total=count, desc="self-written prompts", unit="prompt")
     for _ in range(4 * count // batch_size + 4):  # bounded: duplicates and runaways are dropped
+        batch = ids.repeat(batch_size, 1).to(model.device)
         out = model.generate(
-            input_ids=ids.repeat(batch_size, 1), attention_mask=torch.ones_like(ids).repeat(batch_size, 1), do_sample=True, temperature=1.0, top_p=0.95,
+            input_ids=batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0, top_p=0.95,
             max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
-        )[:, ids.shape[1] :]
+        )[:, ids.shape[1] :].cpu()
         for row in out.tolist():
             if eos not in row:
                 continue  # ran past max_tokens: not a closed user turn
@@ -221,8 +222,8 @@ def generate_shard(
         ids[i, width - len(p) :] = torch.tensor(p)
         attn[i, width - len(p) :] = 1
     out = model.generate(
-        input_ids=ids,
-        attention_mask=attn,
+        input_ids=ids.to(model.device),
+        attention_mask=attn.to(model.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         output_hidden_states=True,
@@ -234,7 +235,7 @@ def generate_shard(
     taps = torch.cat(
         [torch.cat([step[i + 1] for i in layer_ids], dim=-1) for step in out.hidden_states], dim=1
     )  # [B, width + steps - 1, F]
-    gen = out.sequences[:, width:]  # [B, steps]
+    gen = out.sequences[:, width:].cpu()  # [B, steps]
     records = []
     for b, p in enumerate(prompt_ids):
         resp = gen[b].tolist()
@@ -246,7 +247,7 @@ def generate_shard(
             {
                 "ids": torch.tensor(seq, dtype=torch.int32),
                 "prompt_len": len(p),
-                "taps": taps[b, lo : lo + len(seq) - 1].to(torch.float16).clone(),
+                "taps": taps[b, lo : lo + len(seq) - 1].to("cpu", torch.float16).clone(),
             }
         )
     return records
