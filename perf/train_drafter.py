@@ -358,8 +358,9 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     records = D.stream_records(train_paths, stored, layer_ids, target_cfg.hidden_size, seed + state.step)
     n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
     click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
-    run_info = {"train_shards": len(train_paths), "threads": threads, "validation_shards": val_names,
-                "vocab": {k: v for k, v in vocab_info.items() if k != "before"}}
+    run_info = {"train_shards": len(train_paths), "threads": threads, "device": device, "validation_shards": val_names,
+                "vocab": {k: v for k, v in vocab_info.items() if k != "before"},
+                **({"init_from": str(init_from)} if init_from is not None else {})}
     on_device = T.FrozenTarget(frozen.embed_weight.to(device), frozen.lm_head_weight.to(device))
     drafter.to(device)
     state = T.train(drafter, on_device, records, cfg, on_save, lambda d: T.acceptance(d, on_device, monitor), state,
@@ -566,8 +567,8 @@ GSM2_RUN, GSM2_RUN_SEED, GSM2_RUN_PROMPTS, GSM2_RUN_MINUTES = "gsm2", 4, 1500, 3
 # (`--init-from`) on those runs only, in a folder of its own. (run, seed, pool counts, minutes)
 PHASE6_WORK = "phase6"
 PHASE6_RUNS = (("chat3", 5, {"self_chat": 1200}, 11.0), ("code2", 6, {"gsm8k_stub": 3000}, 13.0),
-               ("gsm3", 7, {"gsm8k": 1500}, 8.0), ("chat4", 8, {"self_chat": 1200}, 12.0))
-PHASE6_MINUTES, PHASE6_BATCH, PHASE6_VAL_SHARDS = 425.0, 64, 1
+               ("gsm3", 7, {"gsm8k": 1500}, 8.0), ("chat4", 8, {"self_chat": 640}, 6.0))
+PHASE6_MINUTES, PHASE6_BATCH, PHASE6_VAL_SHARDS = 421.0, 64, 1
 
 
 @train_drafter.command("recipe")
