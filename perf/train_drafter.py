@@ -52,7 +52,8 @@ _CHECKPOINT = click.option("--checkpoint", type=click.Path(file_okay=False, path
                            show_default=True, help="Drafter checkpoint (the shipped head by default).")
 _THREADS = click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 _DEVICE = click.option("--device", default="cpu", show_default=True,
-                        help="torch device of the target and head (e.g. cuda): shards and checkpoints stay on disk as on CPU.")
+                        help="torch device of the target and head (e.g. cuda); shards, checkpoints and the mass "
+                             "calibration stay on the CPU.")
 _VAL_SHARDS = click.option("--val-shards", type=int, default=2, show_default=True,
                            help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 
@@ -103,20 +104,28 @@ def _pool_counts(gsm8k: int = 0, gsm8k_stub: int = 0, mbpp: int = 0, mbpp_stub: 
     return {k: v for k, v in counts.items() if v > 0}
 
 
-def shipped_prompts(data_dir: Path) -> set[str]:
-    """Every prompt the data runs of `recipe` phases 1-5 asked for (a superset of what they answered:
-    time boxes and skip-seen answered fewer). Drawn again from the recorded pools, seeds and counts."""
-    chat = {s: json.loads(self_chat_record(s).read_text()) for s in (0, 1, 2)}
-    runs = [  # (seed, counts, target-written prompts) of each data run, as `recipe` invokes `data`
-        (0, _pool_counts(gsm8k=1500, mbpp=464, self_chat=600), chat[0][:600]),
-        (0, _pool_counts(mbpp_stub=463), []),
-        (1, _pool_counts(self_chat=CHAT_RUN_PROMPTS), chat[1][:CHAT_RUN_PROMPTS]),
-        (0, _pool_counts(mbpp_doctest=463), []),
-        (2, _pool_counts(self_chat=CHAT2_PROMPTS), chat[2][:CHAT2_PROMPTS]),
-        (GSM_RUN_SEED, _pool_counts(gsm8k=GSM_RUN_PROMPTS, gsm8k_stub=GSM_RUN_STUBS), []),
-        (GSM2_RUN_SEED, _pool_counts(gsm8k=GSM2_RUN_PROMPTS, gsm8k_stub=GSM2_RUN_PROMPTS), []),
+def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
+    """Every prompt the shipped head's data runs (`recipe`, all phases) asked for, but those of
+    the run named `except_run` (a run resuming keeps its own). A superset of what they answered:
+    time boxes and skip-seen answered fewer. Drawn again from the recorded pools, seeds and counts;
+    a run's target-written prompts are the committed file of its seed."""
+    runs = [  # (name, seed, pool counts) of each data run, as `recipe` invokes `data`
+        ("seed0", 0, _pool_counts(gsm8k=1500, mbpp=464, self_chat=600)),
+        (CODE_RUN, 0, _pool_counts(mbpp_stub=463)),
+        (CHAT_RUN, 1, _pool_counts(self_chat=CHAT_RUN_PROMPTS)),
+        (DOCTEST_RUN, 0, _pool_counts(mbpp_doctest=463)),
+        (CHAT2_RUN, 2, _pool_counts(self_chat=CHAT2_PROMPTS)),
+        (GSM_RUN, GSM_RUN_SEED, _pool_counts(gsm8k=GSM_RUN_PROMPTS, gsm8k_stub=GSM_RUN_STUBS)),
+        (GSM2_RUN, GSM2_RUN_SEED, _pool_counts(gsm8k=GSM2_RUN_PROMPTS, gsm8k_stub=GSM2_RUN_PROMPTS)),
+        *((name, seed, _pool_counts(**counts)) for name, seed, counts, _ in PHASE6_RUNS),
     ]
-    return {p for seed, counts, written in runs for _, p in D.load_prompts(data_dir, counts, seed, written)}
+    out: set[str] = set()
+    for name, seed, counts in runs:
+        if name == except_run:
+            continue
+        written = json.loads(self_chat_record(seed).read_text())[: counts["self_chat"]] if "self_chat" in counts else []
+        out |= {p for _, p in D.load_prompts(data_dir, counts, seed, written)}
+    return out
 
 
 @train_drafter.command("data")
@@ -145,8 +154,9 @@ def shipped_prompts(data_dir: Path) -> set[str]:
 @click.option("--skip-seen/--keep-seen", default=True, show_default=True,
               help="Drop prompts another data run under --work/train already answered.")
 @click.option("--skip-shipped/--keep-shipped", default=False, show_default=True,
-              help="Drop every prompt the shipped head's recorded data runs asked for (phases 1-5 of `recipe`): "
-                   "new data for a head resumed with `train --init-from` on a machine without those shards.")
+              help="Drop every prompt the shipped head's recorded data runs (all `recipe` phases; not this run's "
+                   "own) asked for: new data for a head continued with `train --init-from` on a machine without "
+                   "their shards.")
 @_DEVICE
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="Decoding precision. bf16 runs 1.7-2.8x faster where the CPU has AMX/AVX512-bf16; its greedy "
@@ -180,9 +190,10 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
     prompts = [(name, p) for name, p in prompts if p in kept]
     run_dir = work / "train" / (name or f"seed{seed}")
     if skip_shipped:
-        shipped = shipped_prompts(data_dir)
+        shipped = shipped_prompts(data_dir, except_run=run_dir.name)
         fresh = [(n, p) for n, p in prompts if p not in shipped]
-        click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: the shipped head's data runs asked for them")
+        click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: "
+                   "the shipped head's data runs asked for them")
         prompts = fresh
     if skip_seen:
         seen = D.answered_prompts(work / "train", skip=run_dir)
@@ -567,7 +578,7 @@ GSM2_RUN, GSM2_RUN_SEED, GSM2_RUN_PROMPTS, GSM2_RUN_MINUTES = "gsm2", 4, 1500, 3
 # (`--init-from`) on those runs only, in a folder of its own. (run, seed, pool counts, minutes)
 PHASE6_WORK = "phase6"
 PHASE6_RUNS = (("chat3", 5, {"self_chat": 1200}, 11.0), ("code2", 6, {"gsm8k_stub": 3000}, 13.0),
-               ("gsm3", 7, {"gsm8k": 1500}, 8.0), ("chat4", 8, {"self_chat": 640}, 6.0))
+               ("chat4", 8, {"self_chat": 640}, 6.0), ("gsm3", 7, {"gsm8k": 1500}, 8.0))
 PHASE6_MINUTES, PHASE6_BATCH, PHASE6_VAL_SHARDS = 421.0, 64, 1
 
 

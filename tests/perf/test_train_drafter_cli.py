@@ -120,15 +120,18 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     assert res.exit_code == 2 and "--init-from starts a new trainer state" in res.output
 
 
-def test_the_shipped_heads_prompts_hold_its_committed_chat_turns_and_leave_gsm8k_questions_unused():
+def test_shipped_prompts_hold_every_committed_chat_turn_but_a_runs_own():
     from perf.train_drafter import ROOT, shipped_prompts, self_chat_record
     from runtime.drafter import train_data as D
 
     data = ROOT.parent / "shared" / "data"
     shipped = shipped_prompts(data)
-    written = [p for seed, n in ((0, 600), (1, 480), (2, 720)) for p in json.loads(self_chat_record(seed).read_text())[:n]]
+    chat_runs = ((0, 600), (1, 480), (2, 720), (5, 1200), (8, 640))  # (seed, prompts) of the chat runs
+    written = [p for seed, n in chat_runs for p in json.loads(self_chat_record(seed).read_text())[:n]]
     assert set(written) <= shipped
     questions = D._pool(data, D.PROMPT_SOURCES["gsm8k_train"])
     used = sum(q in shipped for q in questions)
-    assert 3000 < used <= 4500 < len(questions)  # three runs of 1500 draws, overlapping
+    assert 3000 < used <= 6000 < len(questions)  # four runs of 1500 draws, overlapping
     assert shipped == shipped_prompts(data)  # drawn again from recorded seeds: deterministic
+    own = shipped - shipped_prompts(data, except_run="gsm3")  # a run resuming keeps its own prompts
+    assert own and own <= set(questions)
