@@ -2,7 +2,7 @@
 
 For the first prompts of each held-out domain, one process decodes the target's greedy
 continuations in fp32 (the exact target) and in bf16 (AMX / AVX512-bf16 on recent Xeons),
-alternating which goes first, and reports:
+batch by batch, alternating which goes first, and reports:
   - tokens/s of each and their ratio;
   - how often the bf16 path equals the fp32 path (identical sequences, first divergence);
   - agreement: the share of bf16 response tokens equal to the fp32 target's own greedy token
@@ -10,7 +10,8 @@ alternating which goes first, and reports:
   - the shipped head's teacher-forced tau on fp32 data, on bf16 data with its bf16 taps, and
     on the same bf16 sequences with fp32 taps (tap precision vs. path, separated).
 
-    python -m perf.drafter_data_dtype --json perf/results/drafter/data_dtype.json
+    python -m perf.drafter_data_dtype --domains humaneval,mt_bench --prompts 64 --batch-size 32 \
+        --json perf/results/drafter/data_dtype.json
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ def fp32_pass(hf, recs: list[dict]) -> tuple[list[dict], int, int]:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path(__file__).resolve().parents[2] / "shared" / "data", show_default=True, help="Shared data folder.")
 @click.option("--domains", default="humaneval,mt_bench,gsm8k", show_default=True, help="Held-out sets, comma-separated.")
-@click.option("--prompts", type=int, default=32, show_default=True, help="Prompts per domain (one batch).")
+@click.option("--prompts", type=int, default=32, show_default=True, help="Prompts per domain.")
+@click.option("--batch-size", type=int, default=16, show_default=True,
+              help="Prompts per decoding batch; fp32 and bf16 take turns batch by batch.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write JSON.")
-def main(data_dir: Path, domains: str, prompts: int, max_new_tokens: int, threads: int, json_path: Path | None) -> None:
+def main(data_dir: Path, domains: str, prompts: int, batch_size: int, max_new_tokens: int, threads: int,
+         json_path: Path | None) -> None:
     from perf.train_drafter import heldout_prompts
     from runtime.device import device_name
     from runtime.drafter import DEFAULT_DRAFTER, load_drafter
@@ -68,12 +72,14 @@ def main(data_dir: Path, domains: str, prompts: int, max_new_tokens: int, thread
     rows = {}
     for k, name in enumerate(domains.split(",")):
         ids = [D.chat_ids(tok, p) for _, p in heldout_prompts(data_dir, name, prompts)]
-        recs, speed = {}, {}
-        for dtype in (("fp32", "bf16") if k % 2 == 0 else ("bf16", "fp32")):  # alternate who runs first
-            mark = time.monotonic()
-            recs[dtype] = D.generate_shard(models[dtype], ids, LAYER_IDS, max_new_tokens, eos, pad)
-            tokens = sum(len(r["ids"]) - r["prompt_len"] for r in recs[dtype])
-            speed[dtype] = tokens / (time.monotonic() - mark)
+        recs, seconds = {"fp32": [], "bf16": []}, {"fp32": 0.0, "bf16": 0.0}
+        for j in range(0, len(ids), batch_size):  # interleaved batches: machine noise hits both alike
+            for dtype in (("fp32", "bf16") if (k + j // batch_size) % 2 == 0 else ("bf16", "fp32")):
+                mark = time.monotonic()
+                batch = ids[j : j + batch_size]
+                recs[dtype] += D.generate_shard(models[dtype], batch, LAYER_IDS, max_new_tokens, eos, pad)
+                seconds[dtype] += time.monotonic() - mark
+        speed = {d: sum(len(r["ids"]) - r["prompt_len"] for r in recs[d]) / seconds[d] for d in recs}
         pairs = list(zip(recs["fp32"], recs["bf16"]))
         divergence = []
         for a, b in pairs:
@@ -99,7 +105,8 @@ def main(data_dir: Path, domains: str, prompts: int, max_new_tokens: int, thread
                    f"agreement {r['bf16_token_agreement']:.4f}  tau {r['shipped_head_tau']}")
     if json_path is not None:
         json_path.write_text(json.dumps({"device": device_name(torch.device("cpu")), "threads": threads,
-                                         "max_new_tokens": max_new_tokens, "date": time.strftime("%Y-%m-%d"),
+                                         "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                                         "date": time.strftime("%Y-%m-%d"),
                                          "domains": rows}, indent=2) + "\n")
 
 
