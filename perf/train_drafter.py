@@ -159,7 +159,8 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
                    "their shards.")
 @_DEVICE
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-              help="Decoding precision. bf16 runs 1.7-2.8x faster where the CPU has AMX/AVX512-bf16; its greedy "
+              help="Decoding precision. bf16 decodes 1.7-1.8x faster at batch 32 on an AMX Xeon (python -m "
+                   "perf.drafter_data_dtype); its greedy "
                    "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
                    "its taps as well as fp32 ones (train-drafter README). fp32 = the exact target.")
 def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
