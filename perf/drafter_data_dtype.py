@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import torch
 
-LAYER_IDS = (1, 8, 15, 22, 29)  # as perf.train_drafter stores them; 29 is the final layer
+from perf.train_drafter import LAYER_IDS, heldout_prompts  # the stored taps; 29 is the final layer
 
 
 @torch.inference_mode()
@@ -54,7 +54,6 @@ def fp32_pass(hf, recs: list[dict]) -> tuple[list[dict], int, int]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write JSON.")
 def main(data_dir: Path, domains: str, prompts: int, batch_size: int, max_new_tokens: int, threads: int,
          json_path: Path | None) -> None:
-    from perf.train_drafter import heldout_prompts
     from runtime.device import device_name
     from runtime.drafter import DEFAULT_DRAFTER, load_drafter
     from runtime.drafter import train as T

@@ -332,10 +332,10 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         drafter = random_drafter(
             target_cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=layer_ids, seed=seed,
             mask_token_id=MASK_TOKEN_ID, intermediate_size=intermediate_size, rope_theta=_rope_theta(hf.config),
-            extra={"training_prompt_sources": sources}, draft_vocab_ids=ids,
+            draft_vocab_ids=ids,
         )
         state = T.TrainerState()
-    drafter.config.extra["training_prompt_sources"] = sources  # data runs may have been added since
+    drafter.config.extra["training_prompt_sources"] = sources  # a resumed or continued head may have new runs
     if rebuild_vocab:
         ids, rebuilt = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
         drafter = with_draft_vocab(drafter, ids)

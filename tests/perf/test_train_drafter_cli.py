@@ -50,17 +50,22 @@ def test_rebuilding_the_vocabulary_without_a_run_to_resume_is_refused(tmp_path):
     assert res.exit_code == 2 and "--rebuild-vocab" in res.output
 
 
-def test_fit_compares_each_data_runs_training_and_validation_tau(embedded_hf, tmp_path):
-    from runtime.drafter import random_drafter, save_drafter
+def _two_run_dataset(model, tok, root):
     from runtime.drafter.train_data import build_dataset
-    from runtime.model.llama import TargetConfig
 
-    model, tok = embedded_hf
     prompts = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Say hi."), ("gsm8k_train", "Halve 10."),
                ("self_chat", "Name a colour.")]
     for run in ("a", "b"):
-        build_dataset(model, tok, prompts, [1, 29], tmp_path / "train" / run, batch_size=2, max_new_tokens=20,
+        build_dataset(model, tok, prompts, [1, 29], root / "train" / run, batch_size=2, max_new_tokens=20,
                       budget_s=float("inf"))
+
+
+def test_fit_compares_each_data_runs_training_and_validation_tau(embedded_hf, tmp_path):
+    from runtime.drafter import random_drafter, save_drafter
+    from runtime.model.llama import TargetConfig
+
+    model, tok = embedded_hf
+    _two_run_dataset(model, tok, tmp_path)
     head = random_drafter(TargetConfig.from_hf(model.config), num_layers=1, block_size=4, target_layer_ids=[1, 29])
     save_drafter(head, tmp_path / "head")
     out = tmp_path / "fit.json"
@@ -72,16 +77,6 @@ def test_fit_compares_each_data_runs_training_and_validation_tau(embedded_hf, tm
     assert all(0.0 <= row[k] <= 3.0 for row in runs.values() for k in ("train", "validation"))
 
 
-def _two_run_dataset(model, tok, root):
-    from runtime.drafter.train_data import build_dataset
-
-    prompts = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Say hi."), ("gsm8k_train", "Halve 10."),
-               ("self_chat", "Name a colour.")]
-    for run in ("a", "b"):
-        build_dataset(model, tok, prompts, [1, 29], root / "train" / run, batch_size=2, max_new_tokens=20,
-                      budget_s=float("inf"))
-
-
 def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, tmp_path, monkeypatch):
     """A head whose trainer state is gone (a new machine) goes on from its training.json:
     steps and minutes continue, earlier runs stay in the record, the data record keeps the
@@ -91,7 +86,8 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     from runtime.model.llama import TargetConfig
 
     model, tok = embedded_hf
-    monkeypatch.setattr(TD, "_target", lambda: (model, tok, T.FrozenTarget.from_hf(model), TargetConfig.from_hf(model.config)))
+    loaded = (model, tok, T.FrozenTarget.from_hf(model), TargetConfig.from_hf(model.config))
+    monkeypatch.setattr(TD, "_target", lambda: loaded)
     first, second = tmp_path / "first", tmp_path / "second"
     _two_run_dataset(model, tok, first)
     small = ["--num-layers", "1", "--block-size", "4", "--draft-layer-ids", "1,29", "--vocab-size", "64",
