@@ -97,10 +97,12 @@ def train_drafter() -> None:
 
 
 def _pool_counts(gsm8k: int = 0, gsm8k_stub: int = 0, mbpp: int = 0, mbpp_stub: int = 0, mbpp_doctest: int = 0,
-                 self_chat: int = 0, alpaca: int = 0, code_alpaca: int = 0) -> dict[str, int]:
+                 stdlib_function: int = 0, stdlib_method: int = 0, self_chat: int = 0, alpaca: int = 0,
+                 code_alpaca: int = 0) -> dict[str, int]:
     """Prompts per pool of a data run, in the order `load_prompts` draws them (the order fixes the shuffle)."""
     counts = {"gsm8k_train": gsm8k, "gsm8k_stub": gsm8k_stub, "mbpp_train": mbpp, "mbpp_stub": mbpp_stub,
-              "mbpp_doctest": mbpp_doctest, "self_chat": self_chat, "alpaca": alpaca, "code_alpaca": code_alpaca}
+              "mbpp_doctest": mbpp_doctest, "stdlib_function": stdlib_function, "stdlib_method": stdlib_method,
+              "self_chat": self_chat, "alpaca": alpaca, "code_alpaca": code_alpaca}
     return {k: v for k, v in counts.items() if v > 0}
 
 
@@ -117,7 +119,7 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
         (CHAT2_RUN, 2, _pool_counts(self_chat=CHAT2_PROMPTS)),
         (GSM_RUN, GSM_RUN_SEED, _pool_counts(gsm8k=GSM_RUN_PROMPTS, gsm8k_stub=GSM_RUN_STUBS)),
         (GSM2_RUN, GSM2_RUN_SEED, _pool_counts(gsm8k=GSM2_RUN_PROMPTS, gsm8k_stub=GSM2_RUN_PROMPTS)),
-        *((name, seed, _pool_counts(**counts)) for name, seed, counts, _ in PHASE6_RUNS),
+        *((name, seed, _pool_counts(**counts)) for name, seed, counts, *_ in PHASE6_RUNS + PHASE7_RUNS),
     ]
     out: set[str] = set()
     for name, seed, counts in runs:
@@ -141,6 +143,11 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
               help="The same MBPP tasks as HumanEval-style function stubs (signature + docstring).")
 @click.option("--mbpp-doctest", type=int, default=0, show_default=True,
               help="The same MBPP tasks as stubs with the solution's imports and every test as a doctest.")
+@click.option("--stdlib-function", type=int, default=0, show_default=True,
+              help="Stubs (signature + docstring) of documented public functions of the Python standard library "
+                   "(PSF-2.0): varied real signatures.")
+@click.option("--stdlib-method", type=int, default=0, show_default=True,
+              help="The same for public methods, each stub inside its `class` line.")
 @click.option("--self-chat", type=int, default=600, show_default=True, help="User prompts the target writes itself.")
 @click.option("--self-chat-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Reuse these target-written prompts (JSON list) instead of sampling new ones.")
@@ -164,7 +171,7 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
                    "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
                    "its taps as well as fp32 ones (train-drafter README). fp32 = the exact target.")
 def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
-         mbpp_doctest: int, self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int,
+         mbpp_doctest: int, stdlib_function: int, stdlib_method: int, self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int,
          batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool,
          skip_shipped: bool, dtype: str, device: str) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
@@ -183,7 +190,8 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
             cache.write_text(json.dumps(D.sample_self_prompts(hf, tok, self_chat, seed, batch_size), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
     counts = _pool_counts(gsm8k=gsm8k, gsm8k_stub=gsm8k_stub, mbpp=mbpp, mbpp_stub=mbpp_stub, mbpp_doctest=mbpp_doctest,
-                          self_chat=len(written), alpaca=alpaca, code_alpaca=code_alpaca)
+                          stdlib_function=stdlib_function, stdlib_method=stdlib_method, self_chat=len(written),
+                          alpaca=alpaca, code_alpaca=code_alpaca)
     prompts = D.load_prompts(data_dir, counts, seed, written)
     evaluation = [p for name in EVAL_SETS for _, p in heldout_prompts(data_dir, name, None)]
     kept = set(D.drop_contaminated([p for _, p in prompts], evaluation))
@@ -576,11 +584,20 @@ PHASE5_MINUTES = 360.0
 GSM2_RUN, GSM2_RUN_SEED, GSM2_RUN_PROMPTS, GSM2_RUN_MINUTES = "gsm2", 4, 1500, 32.0  # questions and stubs each
 # Phase 6 ran on a new machine without the phase 1-5 shards or trainer state: bf16-decoded data
 # runs of prompts no earlier run asked for, and the head continued from its weights and record
-# (`--init-from`) on those runs only, in a folder of its own. (run, seed, pool counts, minutes)
+# (`--init-from`) on those runs only, in a folder of its own.
+# (run, seed, pool counts, minutes, drop the prompts the shipped head's runs asked for)
 PHASE6_WORK = "phase6"
-PHASE6_RUNS = (("chat3", 5, {"self_chat": 1200}, 11.0), ("code2", 6, {"gsm8k_stub": 3000}, 13.0),
-               ("chat4", 8, {"self_chat": 640}, 6.0), ("gsm3", 7, {"gsm8k": 1500}, 8.0))
+PHASE6_RUNS = (("chat3", 5, {"self_chat": 1200}, 11.0, True), ("code2", 6, {"gsm8k_stub": 3000}, 13.0, True),
+               ("chat4", 8, {"self_chat": 640}, 6.0, True), ("gsm3", 7, {"gsm8k": 1500}, 8.0, True))
 PHASE6_MINUTES, PHASE6_BATCH, PHASE6_VAL_SHARDS = 421.0, 64, 1
+# Phase 7 ran on phase 6's machine (its shards and trainer state still there): more bf16 runs
+# beside phase 6's, then phase 6's state resumed in a wider box. New target-written chat;
+# stubs of the Python standard library, whose signatures vary as HumanEval's do; and the MBPP
+# doctest stubs again (`code4` replays `code1`'s prompts: the head last saw them in phase 5).
+PHASE7_RUNS = (("chat5", 9, {"self_chat": 3000}, 24.0, True),
+               ("code3", 10, {"stdlib_function": 1210, "stdlib_method": 1200}, 18.0, True),
+               ("code4", 11, {"mbpp_doctest": 463}, 6.0, False))
+PHASE7_MINUTES = 481.0
 
 
 @train_drafter.command("recipe")
@@ -589,7 +606,7 @@ PHASE6_MINUTES, PHASE6_BATCH, PHASE6_VAL_SHARDS = 421.0, 64, 1
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, the six training phases and the report."""
+    """Rebuild the shipped head: data, held-out data, the seven training phases and the report."""
     seed0 = self_chat_record(0)
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
@@ -614,12 +631,19 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     ctx.invoke(train, work=work, threads=threads, resume=True, train_minutes=PHASE5_MINUTES, vocab_size=PHASE3_VOCAB,
                rewarm_steps=PHASE4_REWARM_STEPS)
     phase6 = work / PHASE6_WORK
-    for run, seed, counts, minutes in PHASE6_RUNS:
-        chat = counts.get("self_chat", 0)
-        ctx.invoke(data, work=phase6, data_dir=data_dir, threads=threads, name=run, seed=seed,
-                   **{**only, **counts, "gen_minutes": minutes}, dtype="bf16", batch_size=PHASE6_BATCH,
-                   skip_shipped=True, self_chat_file=self_chat_record(seed) if chat else None)
+
+    def bf16_runs(runs) -> None:
+        for run, seed, counts, minutes, skip_shipped in runs:
+            chat = counts.get("self_chat", 0)
+            ctx.invoke(data, work=phase6, data_dir=data_dir, threads=threads, name=run, seed=seed,
+                       **{**only, **counts, "gen_minutes": minutes}, dtype="bf16", batch_size=PHASE6_BATCH,
+                       skip_shipped=skip_shipped, self_chat_file=self_chat_record(seed) if chat else None)
+
+    bf16_runs(PHASE6_RUNS)
     ctx.invoke(train, work=phase6, threads=threads, init_from=DEFAULT_DRAFTER, train_minutes=PHASE6_MINUTES,
+               vocab_size=PHASE3_VOCAB, rewarm_steps=PHASE4_REWARM_STEPS, val_shards=PHASE6_VAL_SHARDS)
+    bf16_runs(PHASE7_RUNS)
+    ctx.invoke(train, work=phase6, threads=threads, resume=True, train_minutes=PHASE7_MINUTES,
                vocab_size=PHASE3_VOCAB, rewarm_steps=PHASE4_REWARM_STEPS, val_shards=PHASE6_VAL_SHARDS)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")

@@ -1,8 +1,8 @@
 """Training data for a DFlash head: the target's own greedy continuations and taps.
 
 Prompts (paper App. E / DFlash recipe) come from pools that never overlap the
-evaluation slices: GSM8K train (MIT), MBPP task_id 511-974 (CC-BY-4.0), and user turns
-the target writes itself (`self_chat`: sampled from the chat template's empty user
+evaluation slices: GSM8K train (MIT), MBPP task_id 511-974 (CC-BY-4.0), function stubs
+of the Python standard library (PSF-2.0), and user turns the target writes itself (`self_chat`: sampled from the chat template's empty user
 turn, so no third-party licence applies). The Alpaca / CodeAlpaca pools are
 CC BY-NC 4.0 and are only used when asked for by name (`research_only`).
 
@@ -14,9 +14,12 @@ of fp16 taps are written to disk and streamed back during training.
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import re
+import sys
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ class PromptSource:
     research_only: bool = False
 
 
+_STDLIB_LICENCE = f"PSF-2.0 (the Python {sys.version_info.major}.{sys.version_info.minor} standard library)"
 PROMPT_SOURCES = {
     s.name: s
     for s in (
@@ -47,6 +51,8 @@ PROMPT_SOURCES = {
         PromptSource("mbpp_stub", "mbpp.jsonl", "CC-BY-4.0 (google-research/mbpp), task_id 511-974, as function stubs"),
         PromptSource("mbpp_doctest", "mbpp.jsonl",
                      "CC-BY-4.0 (google-research/mbpp), task_id 511-974, as stubs with imports and every test"),
+        PromptSource("stdlib_function", None, _STDLIB_LICENCE + ", public top-level functions as stubs"),
+        PromptSource("stdlib_method", None, _STDLIB_LICENCE + ", public methods as stubs in their class"),
         PromptSource("self_chat", None, "written by the target itself (sampled user turns)"),
         PromptSource("alpaca", "alpaca_noinput_instructions.json", "CC BY-NC 4.0 (tatsu-lab/stanford_alpaca)", True),
         PromptSource("code_alpaca", "code_alpaca_2k.json", "CC BY-NC 4.0 (sahil280114/codealpaca)", True),
@@ -98,7 +104,61 @@ def gsm8k_stub(question: str) -> str:
     return f'def solution() -> int:\n    """ {question.strip()}\n    Return the final answer.\n    """\n'
 
 
+_STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "tkinter", "unittest"}
+STUB_DOC_LINES = 20
+
+
+def _stub_doc(doc: str, indent: str) -> str:
+    """A docstring as a stub writes it: its first paragraphs up to STUB_DOC_LINES lines."""
+    lines = doc.splitlines()
+    if len(lines) > STUB_DOC_LINES:
+        breaks = [i for i, ln in enumerate(lines[:STUB_DOC_LINES]) if not ln.strip()]
+        lines = lines[: breaks[-1] if breaks else STUB_DOC_LINES]
+    body = "\n".join(indent + ln if ln.strip() else "" for ln in lines).lstrip()
+    raw = "r" if "\\" in body else ""  # the source wrote a backslash in a raw docstring
+    return f'{indent}{raw}""" {body}\n{indent}"""\n'
+
+
+def _stub(fn: ast.FunctionDef, indent: str = "") -> str:
+    head = ast.FunctionDef(name=fn.name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=fn.returns,
+                           type_comment=None, type_params=[])
+    signature = ast.unparse(ast.fix_missing_locations(head)).rsplit("\n", 1)[0]
+    return f"{indent}{signature}\n" + _stub_doc(str(ast.get_docstring(fn)), indent + "    ")
+
+
+def _documented(nodes: list[ast.stmt]) -> list[ast.FunctionDef]:
+    return [n for n in nodes if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
+            and len((ast.get_docstring(n) or "").split()) >= 4 and '"""' not in str(ast.get_docstring(n))]
+
+
+def stdlib_stubs(methods: bool, root: Path | None = None) -> list[str]:
+    """HumanEval-style stubs (signature + docstring) of the documented public functions of the
+    interpreter's standard library (PSF-2.0), in file order: varied real signatures, which the
+    MBPP (463 tasks) and GSM8K (one signature) stubs lack. `methods`: public methods instead,
+    each as a stub inside its `class` line. Tests, IDLE, lib2to3, tkinter and third-party
+    packages are left out; the pool is fixed by the Python minor version."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    out: dict[str, None] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in _STDLIB_SKIP or part.startswith(("config-", "__pycache__")) for part in rel.parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # a test fixture or a file in another encoding: not a stub source
+        if not methods:
+            out.update(dict.fromkeys(_stub(fn) for fn in _documented(tree.body)))
+            continue
+        for cls in tree.body:
+            if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+                out.update(dict.fromkeys(f"class {cls.name}:\n" + _stub(fn, "    ") for fn in _documented(cls.body)))
+    return list(out)
+
+
 def _pool(data_dir: Path, source: PromptSource) -> list[str]:
+    if source.name in ("stdlib_function", "stdlib_method"):
+        return stdlib_stubs(methods=source.name == "stdlib_method")
     path = Path(data_dir) / str(source.file)
     if source.name in ("gsm8k_train", "gsm8k_stub"):
         questions = [r["question"] for r in read_jsonl(path)]

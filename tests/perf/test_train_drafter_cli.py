@@ -122,9 +122,11 @@ def test_shipped_prompts_hold_every_committed_chat_turn_but_a_runs_own():
 
     data = ROOT.parent / "shared" / "data"
     shipped = shipped_prompts(data)
-    chat_runs = ((0, 600), (1, 480), (2, 720), (5, 1200), (8, 640))  # (seed, prompts) of the chat runs
+    chat_runs = ((0, 600), (1, 480), (2, 720), (5, 1200), (8, 640), (9, 3000))  # (seed, prompts) of the chat runs
     written = [p for seed, n in chat_runs for p in json.loads(self_chat_record(seed).read_text())[:n]]
     assert set(written) <= shipped
+    assert set(D.stdlib_stubs(methods=False)) <= shipped  # phase 7 asked for every function stub
+    assert len(set(D.stdlib_stubs(methods=True)) & shipped) == 1200
     questions = D._pool(data, D.PROMPT_SOURCES["gsm8k_train"])
     used = sum(q in shipped for q in questions)
     assert 3000 < used <= 6000 < len(questions)  # four runs of 1500 draws, overlapping

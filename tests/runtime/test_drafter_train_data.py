@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.drafter.train_data import answered_prompts, build_dataset, chat_ids, load_prompts, mbpp_stub, shard_paths
+from runtime.drafter.train_data import (STUB_DOC_LINES, answered_prompts, build_dataset, chat_ids, load_prompts, mbpp_stub,
+                                        shard_paths, stdlib_stubs)
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -104,3 +105,37 @@ def test_every_mbpp_stub_of_the_training_split_is_a_python_function_with_a_docst
         assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn), stub
     with pytest.raises(ValueError, match="holds 463 prompts"):
         load_prompts(DATA, {pool: 464}, seed=0)
+
+
+def test_stdlib_stubs_keep_documented_public_functions_and_methods_and_skip_tests_and_broken_files(tmp_path):
+    long_doc = "\n".join(f"line {i} of the docstring" for i in range(STUB_DOC_LINES + 5))
+    (tmp_path / "mod.py").write_text(
+        "import os\n\n@decorated\ndef scale(xs: list[int], k: int = 2) -> list[int]:\n"
+        "    \"\"\"Scale every item by k.\n\n    >>> scale([1], 3)\n    [3]\n    \"\"\"\n    return [x * k for x in xs]\n\n"
+        "def _private(x):\n    \"\"\"A private helper is no stub.\"\"\"\n\n"
+        "def terse(x):\n    \"\"\"Too short.\"\"\"\n\n"
+        "def undocumented(x):\n    return x\n\n"
+        "def digits(s):\n    r\"\"\"Match every \\d+ run in s.\"\"\"\n\n"
+        f"def long(x):\n    \"\"\"First paragraph of four words.\n\n{long_doc}\n    \"\"\"\n\n"
+        "class Box:\n    def open(self, force=False):\n        \"\"\"Open the box, even when stuck.\"\"\"\n"
+        "    def _close(self):\n        \"\"\"Close the box when done.\"\"\"\n")
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "t.py").write_text("def check(x):\n    \"\"\"A test module is never a source.\"\"\"\n")
+    (tmp_path / "broken.py").write_text("print 'python 2'\n")
+    scale, digits, long = stdlib_stubs(methods=False, root=tmp_path)
+    assert scale == ('def scale(xs: list[int], k: int=2) -> list[int]:\n    """ Scale every item by k.\n\n'
+                     '    >>> scale([1], 3)\n    [3]\n    """\n')
+    assert digits == 'def digits(s):\n    r""" Match every \\d+ run in s.\n    """\n'  # raw, as its source
+    assert long == 'def long(x):\n    """ First paragraph of four words.\n    """\n'  # cut at the last paragraph break
+    assert stdlib_stubs(methods=True, root=tmp_path) == [
+        'class Box:\n    def open(self, force=False):\n        """ Open the box, even when stuck.\n        """\n']
+
+
+def test_every_stdlib_stub_is_python_whose_function_has_a_docstring():
+    for methods in (False, True):
+        stubs = stdlib_stubs(methods)
+        assert len(stubs) > 1000 and len(set(stubs)) == len(stubs)
+        for stub in stubs:
+            node = ast.parse(stub).body[-1]
+            fn = node.body[0] if methods else node
+            assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn), stub
