@@ -36,6 +36,7 @@ HELDOUT_SETS = ("gsm8k", "humaneval", "mt_bench")  # domains of the acceptance r
 EVAL_SETS = ("gsm8k", "humaneval", "mt_bench", "mbpp", "math500")  # training prompts never overlap these
 REPORT_BUDGETS = (3, 7, 15, 31, 63)
 STATE_NAME = "trainer_state.pt"
+INHERITED_NAME = "inherited_data.json"  # in the checkpoint: the data record an --init-from head brought along
 
 
 def self_chat_record(seed: int) -> Path:
@@ -322,7 +323,10 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     stored = D.stored_layer_ids(work / "train")
     meta = {p.parent.name: json.loads(p.read_text()) for p in sorted((work / "train").rglob("meta.json"))}
     record = json.loads((init_from / "training.json").read_text()) if init_from is not None else {}
-    meta = {**record.get("data", {}), **meta}  # a continued head keeps the record of the data it was trained on
+    inherited_path = ckpt / INHERITED_NAME
+    inherited = record.get("data", {}) if init_from is not None else (
+        json.loads(inherited_path.read_text()) if resuming and inherited_path.is_file() else {})
+    meta = {**inherited, **meta}  # a continued head, resumed or not, keeps the record of the data it was trained on
     sources = {k: v for run in meta.values() for k, v in run["licences"].items()}
     val_names = [str(p.relative_to(work)) for p in val_paths]
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
@@ -363,6 +367,8 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     def on_save(st: T.TrainerState) -> None:
         save_drafter(drafter, ckpt)
         (ckpt / "vocab.json").write_text(json.dumps(vocab_info))
+        if inherited:  # runs whose shards are not under --work: a later resume reads them back from here
+            inherited_path.write_text(json.dumps(inherited, indent=1))
         torch.save(st.to_dict(), state_path)
         recent = [e["loss"] for e in st.log[-100:]]
         _save_shipped(drafter, out, {

@@ -114,6 +114,13 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(second), "--init-from", str(tmp_path / "head1"),
                                              *small])
     assert res.exit_code == 2 and "--init-from starts a new trainer state" in res.output
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(second), "--out", str(tmp_path / "head3"),
+                                             "--max-steps", "6", *small])  # resumes the continued head's state
+    assert res.exit_code == 0, res.output
+    resumed = json.loads((tmp_path / "head3" / "training.json").read_text())
+    assert resumed["steps"] == 6 and sorted(resumed["data"]) == ["a", "b", "c"]  # the inherited runs stay
+    sources = json.loads((tmp_path / "head3" / "config.json").read_text())["training_prompt_sources"]
+    assert sources == json.loads((tmp_path / "head2" / "config.json").read_text())["training_prompt_sources"]
 
 
 def test_shipped_prompts_hold_every_committed_chat_turn_but_a_runs_own():
