@@ -172,9 +172,9 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
                    "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
                    "its taps as well as fp32 ones (train-drafter README). fp32 = the exact target.")
 def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
-         mbpp_doctest: int, stdlib_function: int, stdlib_method: int, self_chat: int, self_chat_file: Path | None, alpaca: int, code_alpaca: int,
-         batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool,
-         skip_shipped: bool, dtype: str, device: str) -> None:
+         mbpp_doctest: int, stdlib_function: int, stdlib_method: int, self_chat: int, self_chat_file: Path | None,
+         alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None,
+         skip_seen: bool, skip_shipped: bool, dtype: str, device: str) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     _setup(threads, seed)
     hf, tok, _, _ = _target()

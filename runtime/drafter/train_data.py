@@ -2,9 +2,10 @@
 
 Prompts (paper App. E / DFlash recipe) come from pools that never overlap the
 evaluation slices: GSM8K train (MIT), MBPP task_id 511-974 (CC-BY-4.0), function stubs
-of the Python standard library (PSF-2.0), and user turns the target writes itself (`self_chat`: sampled from the chat template's empty user
-turn, so no third-party licence applies). The Alpaca / CodeAlpaca pools are
-CC BY-NC 4.0 and are only used when asked for by name (`research_only`).
+of the Python standard library (PSF-2.0), and user turns the target writes itself
+(`self_chat`: sampled from the chat template's empty user turn, so no third-party licence
+applies). The Alpaca / CodeAlpaca pools are CC BY-NC 4.0 and are only used when asked for
+by name (`research_only`).
 
 Responses are the target's greedy continuations (chat template applied), so the head
 learns the target's greedy law; one batched `generate` yields the drafter taps (HF
@@ -119,16 +120,18 @@ def _stub_doc(doc: str, indent: str) -> str:
     return f'{indent}{raw}""" {body}\n{indent}"""\n'
 
 
-def _stub(fn: ast.FunctionDef, indent: str = "") -> str:
-    head = ast.FunctionDef(name=fn.name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=fn.returns,
-                           type_comment=None, type_params=[])
-    signature = ast.unparse(ast.fix_missing_locations(head)).rsplit("\n", 1)[0]
-    return f"{indent}{signature}\n" + _stub_doc(str(ast.get_docstring(fn)), indent + "    ")
-
-
-def _documented(nodes: list[ast.stmt]) -> list[ast.FunctionDef]:
-    return [n for n in nodes if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")
-            and len((ast.get_docstring(n) or "").split()) >= 4 and '"""' not in str(ast.get_docstring(n))]
+def _stubs(nodes: list[ast.stmt], indent: str = "") -> list[str]:
+    """Stubs of the public functions among `nodes` whose docstring a stub can hold (4+ words, no triple quote)."""
+    out = []
+    for fn in nodes:
+        doc = ast.get_docstring(fn) if isinstance(fn, ast.FunctionDef) and not fn.name.startswith("_") else None
+        if doc is None or len(doc.split()) < 4 or '"""' in doc:
+            continue
+        head = ast.FunctionDef(name=fn.name, args=fn.args, body=[ast.Pass()], decorator_list=[], returns=fn.returns,
+                               type_comment=None, type_params=[])
+        signature = ast.unparse(ast.fix_missing_locations(head)).rsplit("\n", 1)[0]
+        out.append(f"{indent}{signature}\n" + _stub_doc(doc, indent + "    "))
+    return out
 
 
 def stdlib_stubs(methods: bool, root: Path | None = None) -> list[str]:
@@ -148,11 +151,11 @@ def stdlib_stubs(methods: bool, root: Path | None = None) -> list[str]:
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # a test fixture or a file in another encoding: not a stub source
         if not methods:
-            out.update(dict.fromkeys(_stub(fn) for fn in _documented(tree.body)))
+            out.update(dict.fromkeys(_stubs(tree.body)))
             continue
         for cls in tree.body:
             if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
-                out.update(dict.fromkeys(f"class {cls.name}:\n" + _stub(fn, "    ") for fn in _documented(cls.body)))
+                out.update(dict.fromkeys(f"class {cls.name}:\n" + stub for stub in _stubs(cls.body, "    ")))
     return list(out)
 
 
