@@ -107,11 +107,13 @@ def _pool_counts(gsm8k: int = 0, gsm8k_stub: int = 0, mbpp: int = 0, mbpp_stub: 
     return {k: v for k, v in counts.items() if v > 0}
 
 
-def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
-    """Every prompt the shipped head's data runs (`recipe`, all phases) asked for, but those of
-    the run named `except_run` (a run resuming keeps its own). A superset of what they answered:
-    time boxes and skip-seen answered fewer. Drawn again from the recorded pools, seeds and counts;
-    a run's target-written prompts are the committed file of its seed."""
+def shipped_prompts(data_dir: Path, before_run: str | None = None) -> set[str]:
+    """Every prompt the shipped head's data runs asked for before the run named `before_run`, in
+    `recipe` order (all of them for a run the recipe does not hold: a new one). A recorded run
+    skips only what its predecessors asked for, as it did when it was made, so a replay draws
+    what it drew then, and a run resuming keeps its own prompts. A superset of what they
+    answered: time boxes and skip-seen answered fewer. Drawn again from the recorded pools,
+    seeds and counts; a run's target-written prompts are the committed file of its seed."""
     runs = [  # (name, seed, pool counts) of each data run, as `recipe` invokes `data`
         ("seed0", 0, _pool_counts(gsm8k=1500, mbpp=464, self_chat=600)),
         (CODE_RUN, 0, _pool_counts(mbpp_stub=463)),
@@ -122,10 +124,10 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
         (GSM2_RUN, GSM2_RUN_SEED, _pool_counts(gsm8k=GSM2_RUN_PROMPTS, gsm8k_stub=GSM2_RUN_PROMPTS)),
         *((name, seed, _pool_counts(**counts)) for name, seed, counts, *_ in PHASE6_RUNS + PHASE7_RUNS + PHASE8_RUNS),
     ]
+    names = [name for name, *_ in runs]
+    runs = runs[: names.index(before_run)] if before_run in names else runs
     out: set[str] = set()
     for name, seed, counts in runs:
-        if name == except_run:
-            continue
         written = json.loads(self_chat_record(seed).read_text())[: counts["self_chat"]] if "self_chat" in counts else []
         out |= {p for _, p in D.load_prompts(data_dir, counts, seed, written)}
     return out
@@ -162,9 +164,9 @@ def shipped_prompts(data_dir: Path, except_run: str | None = None) -> set[str]:
 @click.option("--skip-seen/--keep-seen", default=True, show_default=True,
               help="Drop prompts another data run under --work/train already answered.")
 @click.option("--skip-shipped/--keep-shipped", default=False, show_default=True,
-              help="Drop every prompt the shipped head's recorded data runs (all `recipe` phases; not this run's "
-                   "own) asked for: new data for a head continued with `train --init-from` on a machine without "
-                   "their shards.")
+              help="Drop every prompt the shipped head's recorded data runs asked for (a run `recipe` holds: "
+                   "the runs before it): new data for a head continued with `train --init-from` on a machine "
+                   "without their shards.")
 @_DEVICE
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="Decoding precision. bf16 decodes 1.7-1.8x faster at batch 32 on an AMX Xeon (python -m "
@@ -200,7 +202,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
     prompts = [(name, p) for name, p in prompts if p in kept]
     run_dir = work / "train" / (name or f"seed{seed}")
     if skip_shipped:
-        shipped = shipped_prompts(data_dir, except_run=run_dir.name)
+        shipped = shipped_prompts(data_dir, before_run=run_dir.name)
         fresh = [(n, p) for n, p in prompts if p not in shipped]
         click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: "
                    "the shipped head's data runs asked for them")

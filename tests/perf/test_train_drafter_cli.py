@@ -123,7 +123,7 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     assert sources == json.loads((tmp_path / "head2" / "config.json").read_text())["training_prompt_sources"]
 
 
-def test_shipped_prompts_hold_every_committed_chat_turn_but_a_runs_own():
+def test_shipped_prompts_hold_every_committed_chat_turn_and_a_run_skips_only_its_predecessors():
     from perf.train_drafter import ROOT, shipped_prompts, self_chat_record
     from runtime.drafter import train_data as D
 
@@ -139,8 +139,13 @@ def test_shipped_prompts_hold_every_committed_chat_turn_but_a_runs_own():
     used = sum(q in shipped for q in questions)
     assert 3000 < used <= 6800 < len(questions)  # four runs of 1500 draws and one of 800, overlapping
     assert shipped == shipped_prompts(data)  # drawn again from recorded seeds: deterministic
-    own = shipped - shipped_prompts(data, except_run="gsm3")  # a run resuming keeps its own prompts
-    assert own and own <= set(questions)
+    assert shipped_prompts(data, before_run="seed0") == set() and shipped_prompts(data, before_run="new") == shipped
+    # a recorded run skips only what the runs before it asked for, as it did when it was made: the
+    # counts its data record holds (e.g. gsm3: 732 of 1499 already asked for), whatever later runs drew
+    stubs = set(D.stdlib_stubs(methods=True))
+    assert len(stubs & shipped_prompts(data, before_run="code3")) == 0  # code5 asked for them all, later
+    assert len(stubs & shipped_prompts(data, before_run="code5")) == 1200
+    assert len(set(questions) & shipped_prompts(data, before_run="gsm3")) < len(set(questions) & shipped)
 
 
 def test_a_continued_heads_loss_curve_keeps_its_inherited_history():
