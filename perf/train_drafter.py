@@ -302,13 +302,19 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
               help="Continue a shipped head (its weights, draft vocabulary and training.json record: steps, minutes, "
                    "runs) with a fresh optimizer, where its trainer state and shards are gone (a new machine). "
                    "The time box counts its recorded minutes; pair it with --rewarm-steps.")
+@click.option("--grow-layers", type=int, default=None,
+              help="With --init-from: grow the head to this many layers first (new layers draft nothing until "
+                   "trained, so the head starts exactly as shipped); pair it with --schedule-from-min.")
+@click.option("--schedule-from-min", type=float, default=0.0, show_default=True,
+              help="Restart the cosine: it runs from --lr at this many trained minutes to --train-minutes (a "
+                   "continued or grown head gets a whole schedule over its added minutes, not the old one's tail).")
 def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_layers: int, intermediate_size: int,
           draft_layer_ids: str, vocab_size: int, train_minutes: float, max_steps: int | None,
           stop_after_min: float | None, anchors: int, seqs_per_step: int, lr: float, rewarm_steps: int, gamma: float,
           kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool,
-          device: str, init_from: Path | None) -> None:
+          device: str, init_from: Path | None, grow_layers: int | None, schedule_from_min: float) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
-    from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab
+    from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab, with_layers
 
     ckpt, state_path = work / "checkpoint", work / STATE_NAME
     resuming = resume and state_path.is_file()
@@ -318,6 +324,11 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     if rebuild_vocab and not ((resuming or init_from is not None) and vocab_size > 0):
         raise click.UsageError("--rebuild-vocab widens a resumed head's draft vocabulary: it needs --resume with a "
                                f"trainer state under {work} (or --init-from) and --vocab-size > 0")
+    if grow_layers is not None and init_from is None:
+        raise click.UsageError("--grow-layers grows a shipped head: pass --init-from (a new head takes --num-layers)")
+    if not 0 <= schedule_from_min < train_minutes:
+        raise click.UsageError(f"--schedule-from-min must lie in [0, --train-minutes={train_minutes}), "
+                               f"got {schedule_from_min}")
     _setup(threads, seed)
     hf, tok, frozen, target_cfg = _target()
     layer_ids = [int(i) for i in draft_layer_ids.split(",")]
@@ -341,6 +352,12 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         state = T.TrainerState(step=record["steps"], elapsed_s=record["train_seconds"], log=record["loss_curve"],
                                evals=record["validation_tau"], runs=record["runs"])
         click.echo(f"continuing {init_from} at step {state.step} ({state.elapsed_s / 60:.1f} min trained), fresh optimizer")
+        if grow_layers is not None:
+            try:
+                drafter = with_layers(drafter, grow_layers, seed=seed)
+            except ValueError as err:
+                raise click.UsageError(f"--grow-layers: {err}") from err
+            click.echo(f"grown to {grow_layers} layers (the new ones start as identity)")
     else:
         ids, vocab_info = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
         drafter = random_drafter(
@@ -357,7 +374,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         click.echo(f"draft vocabulary rebuilt: {vocab_info}")
     cfg = T.TrainConfig(
         budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
-        rewarm_steps=rewarm_steps, decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16,
+        rewarm_steps=rewarm_steps, schedule_start_s=schedule_from_min * 60, decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16,
         eval_every_s=eval_every_min * 60, max_steps=max_steps,
         segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
     )
@@ -388,7 +405,8 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     click.echo(f"drafter {n_params:.2f}M params, block {drafter.config.block_size}, vocab {vocab_info or 'full'}")
     run_info = {"train_shards": len(train_paths), "threads": threads, "device": device, "validation_shards": val_names,
                 "vocab": {k: v for k, v in vocab_info.items() if k != "before"},
-                **({"init_from": str(init_from)} if init_from is not None else {})}
+                **({"init_from": str(init_from)} if init_from is not None else {}),
+                **({"grown_to_layers": grow_layers} if grow_layers is not None else {})}
     on_device = T.FrozenTarget(frozen.embed_weight.to(device), frozen.lm_head_weight.to(device))
     drafter.to(device)
     state = T.train(drafter, on_device, records, cfg, on_save, lambda d: T.acceptance(d, on_device, monitor), state,

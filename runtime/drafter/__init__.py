@@ -2,7 +2,14 @@
 
 from pathlib import Path
 
-from runtime.drafter.checkpoint import default_target_layer_ids, load_drafter, random_drafter, save_drafter, with_draft_vocab
+from runtime.drafter.checkpoint import (
+    default_target_layer_ids,
+    load_drafter,
+    random_drafter,
+    save_drafter,
+    with_draft_vocab,
+    with_layers,
+)
 from runtime.drafter.config import DrafterConfig
 from runtime.drafter.executor import DrafterExecutor
 from runtime.drafter.model import DFlashDrafter
@@ -20,4 +27,5 @@ __all__ = [
     "random_drafter",
     "save_drafter",
     "with_draft_vocab",
+    "with_layers",
 ]

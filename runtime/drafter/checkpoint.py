@@ -102,6 +102,36 @@ def with_draft_vocab(drafter: DFlashDrafter, draft_vocab_ids: torch.Tensor) -> D
     return widened.eval().requires_grad_(False)
 
 
+def with_layers(drafter: DFlashDrafter, num_layers: int, seed: int = 0, init_std: float = 0.02) -> DFlashDrafter:
+    """The same head grown to `num_layers` layers, drafting exactly as before.
+
+    New layers go after the last one: random N(0, init_std) weights, norms 1, and zero
+    `o_proj` and `mlp.down_proj`, so each new residual branch adds nothing until training
+    moves them (the gradient reaches those two first, then the rest of the layer). A
+    continued head gains capacity without losing what it has learned.
+    """
+    have = drafter.config.num_hidden_layers
+    if num_layers <= have:
+        raise ValueError(f"with_layers grows a head: it has {have} layers, asked for {num_layers} (pass more)")
+    cfg = dataclasses.replace(drafter.config, num_hidden_layers=num_layers, extra=dict(drafter.config.extra))
+    grown = DFlashDrafter(cfg).to(next(drafter.parameters()).device)
+    gen = torch.Generator().manual_seed(seed)
+    state = drafter.state_dict()
+    with torch.no_grad():
+        for name, param in grown.named_parameters():
+            if name in state:
+                param.copy_(state[name])
+            elif name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * init_std)
+        if drafter.d2t is not None:
+            grown.d2t.copy_(drafter.d2t)
+    return grown.eval().requires_grad_(False)
+
+
 def save_drafter(drafter: DFlashDrafter, directory: str | Path) -> None:
     """Write `config.json` + `model.safetensors` (fp32 or the drafter's dtype)."""
     directory = Path(directory)

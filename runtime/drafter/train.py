@@ -174,6 +174,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine (over elapsed time) ends at lr * min_lr_ratio
     warmup_steps: int = 30
     rewarm_steps: int = 0  # a resumed run ramps its learning rate up linearly over so many steps (0: jumps straight back)
+    schedule_start_s: float = 0.0  # the cosine runs from this many trained seconds to budget_s (> 0: a restarted schedule)
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     decay_gamma: float | None = 7.0  # DFlash position decay; None = uniform
@@ -190,6 +191,8 @@ class TrainConfig:
             raise ValueError(f"rewarm_steps must be >= 0, got {self.rewarm_steps}")
         if self.budget_s <= 0 or self.anchors_per_seq < 1 or self.seqs_per_step < 1 or self.lr <= 0:
             raise ValueError("budget_s, anchors_per_seq, seqs_per_step and lr must be positive")
+        if not 0.0 <= self.schedule_start_s < self.budget_s:
+            raise ValueError(f"schedule_start_s must lie in [0, budget_s={self.budget_s}), got {self.schedule_start_s}")
         if not 0.0 <= self.kd_weight <= 1.0:
             raise ValueError(f"kd_weight is a share of the loss in [0, 1], got {self.kd_weight}")
         if self.segment_s is not None and self.segment_s <= 0:
@@ -238,10 +241,11 @@ def drafter_rotary(drafter: Any) -> Rotary:
 def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0) -> float:
     """Linear warm-up, then a cosine over the elapsed share of the whole time box. A resumed
     run (run_start_step > 0) picks the cosine up where the longer box puts it, ramping up
-    to it over `rewarm_steps` instead of jumping there (a wider box raises the rate)."""
+    to it over `rewarm_steps` instead of jumping there (a wider box raises the rate). With
+    `schedule_start_s` the cosine starts again (at cfg.lr) at that many trained seconds."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, elapsed / cfg.budget_s)
+    frac = min(1.0, max(0.0, elapsed - cfg.schedule_start_s) / (cfg.budget_s - cfg.schedule_start_s))
     lr = cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
     into_run = step - run_start_step
     if run_start_step > 0 and into_run < cfg.rewarm_steps:

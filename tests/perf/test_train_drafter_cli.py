@@ -2,7 +2,8 @@
 training times into one learning curve (sorted by time, targets recorded) and refuses a
 report without its training time; `train --rebuild-vocab` needs a run to resume; `fit`
 reports training and validation tau of every data run; `train --init-from` continues a
-head's record with a fresh optimizer; `data --skip-shipped` knows the shipped head's prompts."""
+head's record with a fresh optimizer (grown by `--grow-layers`, on a restarted schedule);
+`data --skip-shipped` knows the shipped head's prompts."""
 
 from __future__ import annotations
 
@@ -43,11 +44,16 @@ def test_a_report_without_its_training_time_is_refused(tmp_path):
     assert res.exit_code != 0 and "records no train_seconds" in res.output
 
 
-def test_rebuilding_the_vocabulary_without_a_run_to_resume_is_refused(tmp_path):
+def test_rebuilding_the_vocabulary_growing_a_new_head_or_a_schedule_past_the_box_is_refused(tmp_path):
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--rebuild-vocab"])
     assert res.exit_code == 2 and "needs --resume with a" in res.output
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--fresh", "--rebuild-vocab"])
     assert res.exit_code == 2 and "--rebuild-vocab" in res.output
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--grow-layers", "3"])
+    assert res.exit_code == 2 and "pass --init-from" in res.output
+    res = CliRunner().invoke(train_drafter, ["train", "--work", str(tmp_path), "--train-minutes", "10",
+                                             "--schedule-from-min", "10"])
+    assert res.exit_code == 2 and "--schedule-from-min must lie in [0, --train-minutes=10.0)" in res.output
 
 
 def _two_run_dataset(model, tok, root):
@@ -99,7 +105,8 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     (second / "train" / "a").rename(second / "train" / "c")  # the new machine's data run has another name
     res = CliRunner().invoke(train_drafter, ["train", "--work", str(second), "--out", str(tmp_path / "head2"),
                                              "--init-from", str(tmp_path / "head1"), "--max-steps", "5",
-                                             "--rewarm-steps", "2", *small])
+                                             "--rewarm-steps", "2", "--grow-layers", "2", "--schedule-from-min", "0.001",
+                                             *small])
     assert res.exit_code == 0, res.output
     before = json.loads((tmp_path / "head1" / "training.json").read_text())
     after = json.loads((tmp_path / "head2" / "training.json").read_text())
@@ -108,6 +115,8 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     assert [r["step"] for r in after["runs"]] == [0, 3]
     assert sorted(after["data"]) == ["a", "b", "c"]
     assert after["vocab"] == before["vocab"]
+    assert (before["drafter_config"]["num_hidden_layers"], after["drafter_config"]["num_hidden_layers"]) == (1, 2)
+    assert after["runs"][1]["grown_to_layers"] == 2 and after["runs"][1]["train_config"]["schedule_start_s"] == 0.06
     calibrations = [json.loads((d / "config.json").read_text())["cast_calibration"]
                     for d in (tmp_path / "head2", second / "checkpoint")]
     assert calibrations[0] == calibrations[1] and calibrations[0]["mass_exponent"] > 0  # fitted once, stored twice

@@ -1,6 +1,7 @@
 """DFlash drafter training: the batched block pass equals the runtime draft call (full and
 reduced draft vocabulary), a few steps lower the loss (hard labels and distillation), a
-resumed run continues the same run exactly, and a run segment stops where asked."""
+resumed run continues the same run exactly, a run segment stops where asked, a grown head
+drafts as before and trains its new layers, and a restarted schedule runs a whole cosine."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from runtime.drafter import DrafterExecutor, random_drafter
+from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter, with_layers
 from runtime.drafter.train import (
     IGNORE,
     FrozenTarget,
@@ -140,6 +141,45 @@ def test_a_resumed_run_ramps_back_up_to_the_cosine_over_its_rewarm_steps_instead
     assert _lr_at(TrainConfig(budget_s=100.0, lr=1e-3), 500, 50.0, run_start_step=500) == scheduled  # default: jumps
     with pytest.raises(ValueError, match="rewarm_steps"):
         TrainConfig(budget_s=100.0, rewarm_steps=-1)
+
+
+def test_a_restarted_schedule_runs_a_whole_cosine_from_its_start_to_the_end_of_the_box():
+    cfg = TrainConfig(budget_s=100.0, lr=1e-3, warmup_steps=10, schedule_start_s=60.0)
+    lrs = [_lr_at(cfg, 500, elapsed, run_start_step=400) for elapsed in (60.0, 80.0, 100.0)]
+    assert lrs == pytest.approx([1e-3, 1e-3 * (0.1 + 0.9 * 0.5), 1e-4])  # peak, middle, floor
+    assert _lr_at(TrainConfig(budget_s=100.0, lr=1e-3, warmup_steps=10), 500, 60.0) < 0.5 * lrs[0]  # the old tail
+    with pytest.raises(ValueError, match="schedule_start_s"):
+        TrainConfig(budget_s=100.0, schedule_start_s=100.0)
+
+
+@pytest.mark.parametrize("draft_vocab", [None, torch.arange(0, TINY.vocab_size, 2)])  # half the labels count
+def test_a_grown_head_drafts_exactly_as_before_and_trains_its_new_layers(tmp_path, draft_vocab):
+    target = _tiny_target()
+    frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
+    drafter = random_drafter(TINY, num_layers=2, block_size=4, target_layer_ids=[1, 3], mask_token_id=0, init_std=0.2,
+                             draft_vocab_ids=draft_vocab)
+    grown = with_layers(drafter, 3, seed=1)
+    assert grown.config.num_hidden_layers == 3 and drafter.config.num_hidden_layers == 2
+    rec = _sequence(14, 2 * TINY.hidden_size, seed=1)
+    anchors = torch.tensor([4, 7, 12])
+    before, after = (block_hidden(d, frozen.embed_weight, drafter_rotary(d), rec["taps"].float(), rec["ids"], anchors)
+                     for d in (drafter, grown))
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
+    save_drafter(grown, tmp_path)
+    loaded = load_drafter(tmp_path, TINY)
+    ex, ex_before = DrafterExecutor(loaded, target), DrafterExecutor(drafter, target)
+    for e in (ex, ex_before):
+        e.reset(32)
+        e.append_context(rec["taps"][:7].float())
+    torch.testing.assert_close(ex.draft(int(rec["ids"][7])), ex_before.draft(int(rec["ids"][7])), rtol=0, atol=1e-5)
+    new = {k: v.clone() for k, v in grown.state_dict().items() if k.startswith("layers.2.")}
+    cfg = TrainConfig(budget_s=30.0, anchors_per_seq=8, lr=1e-2, warmup_steps=1, max_steps=3)
+    train(grown, frozen, itertools.cycle([rec]), cfg)
+    moved = {k for k, v in grown.state_dict().items() if k in new and not torch.equal(v, new[k])}
+    assert {"layers.2.self_attn.o_proj.weight", "layers.2.self_attn.q_proj.weight",
+            "layers.2.mlp.down_proj.weight", "layers.2.mlp.up_proj.weight"} <= moved
+    with pytest.raises(ValueError, match="grows a head"):
+        with_layers(drafter, 2)
 
 
 def test_target_block_logprobs_are_the_lm_head_law_of_each_slot_renormalized_over_the_draft_vocabulary():
