@@ -122,7 +122,8 @@ def shipped_prompts(data_dir: Path, before_run: str | None = None) -> set[str]:
         (CHAT2_RUN, 2, _pool_counts(self_chat=CHAT2_PROMPTS)),
         (GSM_RUN, GSM_RUN_SEED, _pool_counts(gsm8k=GSM_RUN_PROMPTS, gsm8k_stub=GSM_RUN_STUBS)),
         (GSM2_RUN, GSM2_RUN_SEED, _pool_counts(gsm8k=GSM2_RUN_PROMPTS, gsm8k_stub=GSM2_RUN_PROMPTS)),
-        *((name, seed, _pool_counts(**counts)) for name, seed, counts, *_ in PHASE6_RUNS + PHASE7_RUNS + PHASE8_RUNS),
+        *((name, seed, _pool_counts(**counts)) for name, seed, counts, *_ in PHASE6_RUNS + PHASE7_RUNS + PHASE8_RUNS
+          + PHASE9_RUNS),
     ]
     names = [name for name, *_ in runs]
     runs = runs[: names.index(before_run)] if before_run in names else runs
@@ -374,8 +375,8 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         click.echo(f"draft vocabulary rebuilt: {vocab_info}")
     cfg = T.TrainConfig(
         budget_s=train_minutes * 60, anchors_per_seq=anchors, seqs_per_step=seqs_per_step, lr=lr,
-        rewarm_steps=rewarm_steps, schedule_start_s=schedule_from_min * 60, decay_gamma=gamma, kd_weight=kd_weight, autocast_bf16=bf16,
-        eval_every_s=eval_every_min * 60, max_steps=max_steps,
+        rewarm_steps=rewarm_steps, schedule_start_s=schedule_from_min * 60, decay_gamma=gamma, kd_weight=kd_weight,
+        autocast_bf16=bf16, eval_every_s=eval_every_min * 60, max_steps=max_steps,
         segment_s=None if stop_after_min is None else stop_after_min * 60, seed=seed,
     )
     layer_ids = list(drafter.config.target_layer_ids)
@@ -647,6 +648,14 @@ PHASE8_WORK = "phase8"
 PHASE8_RUNS = (("code5", 12, {"stdlib_method": 2371}, 12.0, True), ("chat6", 13, {"self_chat": 2400}, 16.0, True),
                ("gsm4", 14, {"gsm8k": 800}, 5.0, True), ("code6", 15, {"gsm8k_stub": 1500}, 6.0, True))
 PHASE8_MINUTES = 541.0
+# Phase 9, on phase 8's machine: phase 8 pointed at capacity or learning rate, not data. The
+# head is grown to three layers (the third starts as identity) and trained on a whole cosine
+# of its own (peak PHASE9_LR) over phase 8's runs plus two bf16 replays of prompts the head
+# last saw in phase 7 (chat5's target-written turns, code3's standard-library stubs), so the
+# new layer learns from a wider mix than phase 8's alone.
+PHASE9_RUNS = (("chat7", 9, {"self_chat": 3000}, 24.0, False),
+               ("code7", 10, {"stdlib_function": 1210, "stdlib_method": 1200}, 19.0, False))
+PHASE9_LAYERS, PHASE9_LR, PHASE9_MINUTES = 3, 6e-4, 631.0
 
 
 @train_drafter.command("recipe")
@@ -655,7 +664,7 @@ PHASE8_MINUTES = 541.0
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
 @click.pass_context
 def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None:
-    """Rebuild the shipped head: data, held-out data, the eight training phases and the report."""
+    """Rebuild the shipped head: data, held-out data, the nine training phases and the report."""
     seed0 = self_chat_record(0)
     ctx.invoke(data, work=work, data_dir=data_dir, threads=threads, self_chat_file=seed0)
     ctx.invoke(heldout, work=work, data_dir=data_dir, threads=threads)
@@ -697,6 +706,11 @@ def recipe(ctx: click.Context, work: Path, data_dir: Path, threads: int) -> None
     bf16_runs(phase8, PHASE8_RUNS)
     ctx.invoke(train, work=phase8, threads=threads, init_from=DEFAULT_DRAFTER, train_minutes=PHASE8_MINUTES,
                vocab_size=PHASE3_VOCAB, rewarm_steps=PHASE4_REWARM_STEPS, val_shards=PHASE6_VAL_SHARDS)
+    bf16_runs(phase8, PHASE9_RUNS)
+    ctx.invoke(train, work=phase8, threads=threads, resume=False, init_from=DEFAULT_DRAFTER,
+               grow_layers=PHASE9_LAYERS, schedule_from_min=PHASE8_MINUTES, lr=PHASE9_LR,
+               train_minutes=PHASE9_MINUTES, vocab_size=PHASE3_VOCAB, rewarm_steps=PHASE4_REWARM_STEPS,
+               val_shards=PHASE6_VAL_SHARDS)
     ctx.invoke(report, work=work, threads=threads, json_path=work / "report.json", plot=work / "report.png",
                training_curve=work / "training_curve.png")
 
