@@ -139,7 +139,7 @@ def test_shipped_prompts_hold_every_committed_chat_turn_and_a_run_skips_only_its
     data = ROOT.parent / "shared" / "data"
     shipped = shipped_prompts(data)
     # (seed, prompts) of the chat runs
-    chat_runs = ((0, 600), (1, 480), (2, 720), (5, 1200), (8, 640), (9, 3000), (13, 2400))
+    chat_runs = ((0, 600), (1, 480), (2, 720), (5, 1200), (8, 640), (9, 3000), (13, 2400), (16, 2400))
     written = [p for seed, n in chat_runs for p in json.loads(self_chat_record(seed).read_text())[:n]]
     assert set(written) <= shipped
     assert set(D.stdlib_stubs(methods=False)) <= shipped  # phase 7 asked for every function stub
