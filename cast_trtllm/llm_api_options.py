@@ -1,18 +1,23 @@
-"""`--extra-llm-api-options` YAML: TensorRT-LLM's `speculative_config` block, CAST flavour.
+"""`--extra-llm-api-options` YAML: TensorRT-LLM's `speculative_config`, mapped onto the one
+`cast_trtllm.spec_config.SpecConfig`.
 
-Shape (as in TensorRT-LLM's LLM-API YAML; other top-level keys are TensorRT-LLM engine
-options this project does not use; they are returned in `ignored_keys`, not rejected):
+TensorRT-LLM's own DFlash block is accepted unchanged and means the DFlash chain:
 
     speculative_config:
-      decoding_type: CAST        # CAST (tree) or DFlash (standard top-1 chain)
-      max_draft_len: 15          # drafted positions L per round (tree depth / chain length)
-      speculative_model: PATH    # DFlash drafter checkpoint dir; omitted = embedded default
-      budget: auto               # CAST only: nonroot budget N (int >= 0) or auto (width profile)
-      width_profile: PATH        # CAST only: width profile JSON for budget auto
+      decoding_type: DFlash          # -> method chain (CAST -> method cast)
+      max_draft_len: 15              # -> SpecConfig.max_draft_len (<= the drafter's L)
+      speculative_model: PATH        # -> --drafter PATH  (older name: speculative_model_dir)
+      mask_token_id: 151669          # checked against the drafter's config.json
+      target_layer_ids: [1, 9, 17]   # checked against the drafter's config.json
+      acceptance_rate_threshold: 0.1 # ignored: the draft gate decides per request from tokens/ms
+      acceptance_rate_window_size: 8 # ignored, with the threshold
+      draft_len_schedule: {...}      # ignored: CAST's width rule picks N every round
+      max_concurrency: 32            # -> SpecConfig.max_concurrency (no drafting above it)
 
-`speculative_model_dir` is accepted as TensorRT-LLM's older name for `speculative_model`.
-Parsing is pure (a mapping in, a frozen config out); `load_llm_api_options` reads the file.
-Every error names the offending field.
+`decoding_type: CAST` adds this project's fields: budget (N | auto), rank_cap,
+width_profile, width_rule, draft_gate, max_request_width. Every mapping (or why a field
+is ignored) is returned as a note for the command to print on stderr. Other top-level
+keys are TensorRT-LLM engine options this runtime does not use: reported, not rejected.
 """
 
 from __future__ import annotations
@@ -21,88 +26,90 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-DECODING_TYPES = {"CAST": "cast", "DFlash": "chain"}  # decoding_type -> decoder method
-_SPEC_FIELDS = {"decoding_type", "max_draft_len", "speculative_model", "speculative_model_dir",
-                "budget", "width_profile"}
-_CAST_ONLY = ("budget", "width_profile")
+from cast_trtllm.spec_config import SpecConfig
 
-
-@dataclass(frozen=True, slots=True)
-class SpeculativeConfig:
-    decoding_type: str                  # a key of DECODING_TYPES
-    max_draft_len: int                  # block positions L drafted per round
-    speculative_model: str | None = None  # drafter checkpoint dir; None = embedded default
-    budget: int | str = "auto"          # CAST nonroot budget N, or "auto"
-    width_profile: str | None = None    # profile JSON for budget "auto"; None = runtime default
-
-    def __post_init__(self) -> None:
-        if self.decoding_type not in DECODING_TYPES:
-            raise ValueError(f"speculative_config.decoding_type: must be one of {sorted(DECODING_TYPES)}, "
-                             f"got {self.decoding_type!r}")
-        if not _is_int(self.max_draft_len) or self.max_draft_len < 1:
-            raise ValueError(f"speculative_config.max_draft_len: must be a positive integer, got {self.max_draft_len!r}")
-        if self.budget != "auto" and (not _is_int(self.budget) or self.budget < 0):
-            raise ValueError(f"speculative_config.budget: must be 'auto' or an integer >= 0, got {self.budget!r}")
-        for name in ("speculative_model", "width_profile"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"speculative_config.{name}: must be a non-empty path string, got {value!r}")
-
-    @property
-    def method(self) -> str:
-        """Decoder method: 'cast' (tree) or 'chain' (standard DFlash)."""
-        return DECODING_TYPES[self.decoding_type]
+DECODING_TYPES = {"CAST": "cast", "DFlash": "chain"}  # decoding_type -> method
+_MAPPED = {"max_draft_len": "max_draft_len", "max_concurrency": "max_concurrency"}
+_CAST_FIELDS = ("budget", "rank_cap", "width_profile", "width_rule", "draft_gate", "max_request_width")
+_CHECKED = ("mask_token_id", "target_layer_ids")
+_IGNORED = {
+    "acceptance_rate_threshold": "the draft gate turns drafting off per request when measured tokens/ms "
+                                 "say AR is faster, which covers low acceptance",
+    "acceptance_rate_window_size": "goes with acceptance_rate_threshold (the gate keeps its own EWMA)",
+    "draft_len_schedule": "CAST's width rule chooses the tree size every round from the measured verify cost",
+}
+_MODEL = ("speculative_model", "speculative_model_dir")
+_KNOWN = {"decoding_type", *_MAPPED, *_CAST_FIELDS, *_CHECKED, *_IGNORED, *_MODEL}
 
 
 @dataclass(frozen=True, slots=True)
 class LlmApiOptions:
-    speculative_config: SpeculativeConfig | None
+    spec: SpecConfig | None  # None: no speculative_config block
+    speculative_model: str | None = None  # drafter checkpoint directory, if named
+    expect_drafter: dict[str, Any] | None = None  # mask_token_id / target_layer_ids the drafter must have
+    notes: tuple[str, ...] = ()  # one line per field: how it maps, or why it is ignored
     ignored_keys: tuple[str, ...] = ()  # top-level TensorRT-LLM options not used here
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_speculative_config(block: Any) -> SpeculativeConfig:
+def parse_speculative_config(block: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
     if not isinstance(block, Mapping):
         raise ValueError(f"speculative_config: must be a mapping, got {type(block).__name__}")
-    unknown = sorted(set(block) - _SPEC_FIELDS)
+    unknown = sorted(set(block) - _KNOWN)
     if unknown:
-        raise ValueError(f"speculative_config.{unknown[0]}: unknown field; known fields are {sorted(_SPEC_FIELDS)}")
-    for required in ("decoding_type", "max_draft_len"):
-        if required not in block:
-            raise ValueError(f"speculative_config.{required}: required field is missing")
-    if "speculative_model" in block and "speculative_model_dir" in block:
+        raise ValueError(f"speculative_config.{unknown[0]}: unknown field; known fields are {sorted(_KNOWN)}")
+    if "decoding_type" not in block:
+        raise ValueError("speculative_config.decoding_type: required field is missing")
+    kind = block["decoding_type"]
+    if kind not in DECODING_TYPES:
+        raise ValueError(f"speculative_config.decoding_type: must be one of {sorted(DECODING_TYPES)}, got {kind!r}")
+    if kind != "CAST":
+        present = [f for f in _CAST_FIELDS if f in block]
+        if present:
+            raise ValueError(f"speculative_config.{present[0]}: only valid with decoding_type CAST, got {kind!r}")
+    if all(m in block for m in _MODEL):
         raise ValueError("speculative_config.speculative_model_dir: give speculative_model or "
                          "speculative_model_dir, not both")
-    decoding_type = block["decoding_type"]
-    if decoding_type != "CAST":
-        present = [f for f in _CAST_ONLY if f in block]
-        if present:
-            raise ValueError(f"speculative_config.{present[0]}: only valid with decoding_type CAST, "
-                             f"got decoding_type {decoding_type!r}")
-    return SpeculativeConfig(
-        decoding_type=decoding_type,
-        max_draft_len=block["max_draft_len"],
-        speculative_model=block.get("speculative_model", block.get("speculative_model_dir")),
-        budget=block.get("budget", "auto"),
-        width_profile=block.get("width_profile"),
-    )
+    notes = [f"decoding_type {kind} -> method {DECODING_TYPES[kind]}"]
+    changes: dict[str, Any] = {"method": DECODING_TYPES[kind]}
+    for name in (*_MAPPED, *_CAST_FIELDS):
+        if name in block:
+            changes[name] = block[name]
+            notes.append(f"{name} {block[name]!r} -> {name}")
+    model = next((block[m] for m in _MODEL if m in block), None)
+    if model is not None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"speculative_config.speculative_model: must be a non-empty path string, got {model!r}")
+        notes.append(f"speculative_model {model} -> --drafter {model}")
+    expect = {k: block[k] for k in _CHECKED if k in block}
+    for name in expect:
+        notes.append(f"{name} {expect[name]!r}: checked against the drafter's config.json")
+    for name, why in _IGNORED.items():
+        if name in block:
+            notes.append(f"{name}: ignored ({why})")
+    try:
+        spec = base.with_overrides(**changes)
+    except ValueError as err:
+        field = next((f for f in changes if f in str(err)), "decoding_type")
+        raise ValueError(f"speculative_config.{field}: {err}") from None
+    return LlmApiOptions(spec, model, expect or None, tuple(notes))
 
 
-def parse_llm_api_options(options: Any) -> LlmApiOptions:
+def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
     """Validate a parsed YAML document (a mapping; None/empty means no options)."""
     if options is None:
         return LlmApiOptions(None)
     if not isinstance(options, Mapping):
         raise ValueError(f"extra LLM-API options must be a YAML mapping at top level, got {type(options).__name__}")
-    spec = options.get("speculative_config")
     ignored = tuple(sorted(str(k) for k in options if k != "speculative_config"))
-    return LlmApiOptions(None if spec is None else parse_speculative_config(spec), ignored)
+    block = options.get("speculative_config")
+    if block is None:
+        return LlmApiOptions(None, ignored_keys=ignored)
+    parsed = parse_speculative_config(block, base)
+    notes = (*parsed.notes, *(f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored))
+    return LlmApiOptions(parsed.spec, parsed.speculative_model, parsed.expect_drafter, notes, ignored)
 
 
-def load_llm_api_options(path: str | Path) -> LlmApiOptions:
+def load_llm_api_options(path: str | Path, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
     """Read and validate an `--extra-llm-api-options` YAML file."""
     import yaml
 
@@ -111,7 +118,9 @@ def load_llm_api_options(path: str | Path) -> LlmApiOptions:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML ({err})") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
     try:
-        return parse_llm_api_options(document)
+        return parse_llm_api_options(document, base)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None

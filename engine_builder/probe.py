@@ -40,7 +40,6 @@ from cast_trtllm.profile import Provenance, WidthProfile, build_profile, save_pr
 from cast_trtllm.tree import Tree, build_tree, sorted_prefix_masses, topk_per_position
 from cast_trtllm.verify import greedy_walk
 from engine_builder.skus import SkuSpec, load_sku
-from runtime.batch_drafter import DFlashBatchDrafter
 from runtime.batch_forward import ragged_verify
 from runtime.device import device_name
 from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter, random_drafter
@@ -138,15 +137,10 @@ class Bench:
         self.executor.reset(self.prefix + max_packed)
         taps = self.executor.prefill(prompt).taps  # [P, F]
         self.caches = [self.executor.cache] + [_clone(self.executor.cache) for _ in range(batch - 1)]
-        if batch == 1:
-            self.drafter = DrafterExecutor(drafter, model)
-            self.drafter.reset(self.prefix)
-            self.drafter.append_context(taps)
-        else:
-            self.drafter = DFlashBatchDrafter(drafter, model)
-            self.states = [self.drafter.new_state(self.prefix) for _ in range(batch)]
-            for state in self.states:
-                self.drafter.append_context(state, taps)
+        self.drafter = DrafterExecutor(drafter, model)  # the engine's drafter (one batched pass)
+        self.states = [self.drafter.new_state(self.prefix) for _ in range(batch)]
+        for state in self.states:
+            self.drafter.append_context(state, taps)
 
     @property
     def num_draft_positions(self) -> int:
@@ -154,8 +148,6 @@ class Bench:
 
     def draft(self, roots: list[int]) -> torch.Tensor:
         """[B, L, V] draft logits."""
-        if self.batch == 1:
-            return self.drafter.draft(roots[0])[None]
         return self.drafter.draft(self.states, roots)
 
     def verify(self, packs: list[np.ndarray], trees: list[Tree]) -> list[torch.Tensor]:

@@ -2,8 +2,10 @@
 
     cast-trtllm prepare-dataset gsm8k --out gsm8k.jsonl --num-prompts 20 --output-tokens 128
     cast-trtllm bench --dataset gsm8k --methods ar,chain,cast:15,cast:auto --num-prompts 20 \
-        --drafter DIR --width-profile PROFILE.json --report-json report.json
-    cast-trtllm sweep --dataset gsm8k,humaneval --budgets 1,3,7,15,31,63 --drafter DIR ...
+        [--target DIR --drafter DIR] --report-json report.json
+    cast-trtllm sweep --dataset gsm8k,humaneval --budgets 1,3,7,15,31,63 ...
+
+Both run the one engine (`runtime.engine`) that `generate` and the servers run.
 """
 
 from __future__ import annotations
@@ -14,22 +16,14 @@ from typing import Any
 
 import click
 
-from cast_trtllm.llm_api_options import SpeculativeConfig, load_llm_api_options
 from cast_trtllm.sampling import SamplingParams
 from perf.datasets import DEFAULT_OUTPUT_TOKENS, NAMED_SETS, DatasetError, load_dataset, named_requests, write_requests
 from perf.harness import MethodSpec, parse_methods, run_bench
 from perf.report import build_report, format_table
+from runtime.options import engine_options, model_options, spec_options
 
 _DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False), default=None,
                          help="Evaluation data directory (default: ../shared/data next to the repo).")
-_DRAFTER = click.option("--drafter", type=click.Path(file_okay=False), default=None,
-                        help="DFlash drafter checkpoint dir (default: speculative_model of "
-                             "--extra-llm-api-options, else the shipped head runtime/drafter/default).")
-_PROFILE = click.option("--width-profile", type=click.Path(dir_okay=False), default=None,
-                        help="Width profile JSON for cast:auto (default: width_profile of --extra-llm-api-options, "
-                             "else the probe-measured profile shipped for this target).")
-_OPTIONS = click.option("--extra-llm-api-options", "options_path", type=click.Path(dir_okay=False), default=None,
-                        help="YAML with a TensorRT-LLM-style speculative_config block (decoding_type CAST).")
 _NUM = click.option("--num-prompts", type=int, default=None, help="Use the first N prompts (default: all).")
 _SKIP = click.option("--skip-prompts", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Drop the first K of those prompts (shard one set across cores: "
@@ -39,7 +33,6 @@ _MAX_NEW = click.option("--max-new-tokens", type=int, default=None,
 _COMMON = [
     click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
     click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (request i uses seed + i)."),
-    click.option("--rank-cap", type=int, default=8, show_default=True, help="K: tokens kept per drafted position."),
     click.option("--ignore-eos", is_flag=True, help="Always generate the full token budget."),
     click.option("--no-chat", is_flag=True, help="Feed prompts raw instead of as one chat-template user turn."),
     click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
@@ -73,30 +66,10 @@ def prepare_dataset(name: str, out: str, num_prompts: int | None, output_tokens:
     click.echo(f"wrote {len(requests)} requests of {name} to {out}")
 
 
-def _speculative(options_path: str | None) -> SpeculativeConfig | None:
-    if options_path is None:
-        return None
-    options = load_llm_api_options(options_path)
-    if options.ignored_keys:
-        click.echo(f"note: ignoring TensorRT-LLM options not used here: {', '.join(options.ignored_keys)}", err=True)
-    return options.speculative_config
-
-
-def _session(drafter: str | None, width_profile: str | None, spec: SpeculativeConfig | None, rank_cap: int,
-             ignore_eos: bool, no_chat: bool, relaxed: bool = False):
+def _session(options: dict[str, Any], ignore_eos: bool, no_chat: bool, relaxed: bool = False):
     from perf.session import load_session
 
-    from runtime.drafter import DEFAULT_DRAFTER
-
-    drafter = drafter or (spec.speculative_model if spec else None) or str(DEFAULT_DRAFTER)
-    width_profile = width_profile or (spec.width_profile if spec else None)
-    decoder_cls = None
-    if relaxed:
-        from perf.relaxed_eval import RelaxedDecoder
-
-        decoder_cls = RelaxedDecoder
-    return load_session(drafter, width_profile, rank_cap, spec.max_draft_len if spec else None,
-                        ignore_eos, not no_chat, decoder_cls)
+    return load_session(engine_options(**options), ignore_eos, not no_chat, relaxed)
 
 
 def _run(dataset: str, specs: list[MethodSpec], session, num_prompts, max_new_tokens, data_dir, temperature,
@@ -127,19 +100,17 @@ def _run(dataset: str, specs: list[MethodSpec], session, num_prompts, max_new_to
               help="Write committed-round-length histograms (PNG).")
 @click.option("--relaxed", default=None, metavar="NAME:ALPHA",
               help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
-@_OPTIONS
-@_DRAFTER
-@_PROFILE
+@model_options
+@spec_options
 @_DATA_DIR
 @_common
 def bench(dataset, methods, num_prompts, max_new_tokens, report_json, as_json, histogram_png, relaxed,
-          options_path, drafter, width_profile, data_dir, temperature, seed, rank_cap, ignore_eos, no_chat,
-          no_progress) -> None:
+          data_dir, temperature, seed, ignore_eos, no_chat, no_progress, **options) -> None:
     """Decode-only ms/token, speedup over AR, gain over chain, R, TTFT and time split per method."""
     try:
-        spec = _speculative(options_path)
-        if spec is not None and spec.method == "cast" and spec.budget != "auto":
-            methods = ",".join(f"cast:{spec.budget}" if m.strip() == "cast" else m for m in methods.split(","))
+        base = engine_options(**options, quiet=True).spec
+        if base.method == "cast" and base.budget != "auto":
+            methods = ",".join(f"cast:{base.budget}" if m.strip() == "cast" else m for m in methods.split(","))
         specs = parse_methods(methods)
         rule = None
         if relaxed is not None:
@@ -149,7 +120,7 @@ def bench(dataset, methods, num_prompts, max_new_tokens, report_json, as_json, h
             if temperature <= 0:
                 raise ValueError("--relaxed rules are sampling rules: pass --temperature > 0")
             specs += [MethodSpec(s.method, s.budget, rule) for s in specs if s.method != "ar"]
-        session = _session(drafter, width_profile, spec, rank_cap, ignore_eos, no_chat, relaxed=rule is not None)
+        session = _session(options, ignore_eos, no_chat, relaxed=rule is not None)
         report = _run(dataset, specs, session, num_prompts, max_new_tokens, data_dir, temperature, seed,
                       no_progress, {"command": "bench"})
     except (ValueError, DatasetError) as err:
@@ -243,13 +214,12 @@ def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
 @click.option("--report-json", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the tables.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write gain vs N per domain (PNG).")
-@_OPTIONS
-@_DRAFTER
-@_PROFILE
+@model_options
+@spec_options
 @_DATA_DIR
 @_common
-def sweep(dataset, budgets, no_auto, no_ar, no_ungated, num_prompts, skip_prompts, max_new_tokens, report_json, as_json, plot, options_path, drafter,
-          width_profile, data_dir, temperature, seed, rank_cap, ignore_eos, no_chat, no_progress) -> None:
+def sweep(dataset, budgets, no_auto, no_ar, no_ungated, num_prompts, skip_prompts, max_new_tokens, report_json,
+          as_json, plot, data_dir, temperature, seed, ignore_eos, no_chat, no_progress, **options) -> None:
     """Width sweep: ms/token of AR, chain and CAST at each budget N, sweep oracle vs predicted auto width."""
     try:
         ns = sorted({int(b) for b in budgets.split(",")})
@@ -257,7 +227,7 @@ def sweep(dataset, budgets, no_auto, no_ar, no_ungated, num_prompts, skip_prompt
             raise ValueError(f"--budgets {budgets!r}: expected positive integers")
         specs = ([] if no_ar else [MethodSpec("ar")]) + [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns]
         specs += [] if no_auto else [MethodSpec("cast", draft_gate=True)] + ([] if no_ungated else [MethodSpec("cast")])
-        session = _session(drafter, width_profile, _speculative(options_path), rank_cap, ignore_eos, no_chat)
+        session = _session(options, ignore_eos, no_chat)
         domains = {}
         for name in (d.strip() for d in dataset.split(",")):
             domains[name] = _run(name, specs, session, num_prompts, max_new_tokens, data_dir, temperature, seed,

@@ -4,7 +4,7 @@
         --dataset gsm8k --num-requests 16 --max-new-tokens 32 --out perf/results/goodput_cpu.json
 
 For each batch size B, every policy serves the SAME request pool through its own
-`runtime.batch_decoder.BatchDecoder` with B slots (continuous batching: a queued request
+`runtime.engine.LLMEngine` (the one engine the servers run) with B slots (continuous batching: a queued request
 joins as soon as one leaves). The policies' rounds are interleaved (one round of each
 policy in turn), so slow drift of a shared machine hits all alike.
 
@@ -34,7 +34,9 @@ import click
 import numpy as np
 from tqdm import tqdm
 
-from runtime.batch_decoder import POLICIES, BatchDecoder, BatchPolicy, GenRequest, LiveRequest
+from cast_trtllm.spec_config import SpecConfig
+from runtime.engine import LLMEngine, Request, Sequence as LiveRequest
+from runtime.engine.trees import MeanBudget
 
 WARMUP_REQUESTS, WARMUP_TOKENS = 2, 4
 
@@ -43,8 +45,8 @@ WARMUP_REQUESTS, WARMUP_TOKENS = 2, 4
 class PoolRun:
     """One policy serving one request pool with `slots` concurrent requests."""
 
-    decoder: BatchDecoder
-    queue: deque[GenRequest]
+    decoder: LLMEngine
+    queue: deque[Request]
     slots: int
     served: dict[str, LiveRequest] = field(default_factory=dict)
     decode_s: float = 0.0  # wall time of the decode rounds only
@@ -60,7 +62,7 @@ class PoolRun:
         """Admit queued requests into free slots, run one timed round; returns requests finished."""
         finished = 0
         while self.queue and len(self.decoder.active) < self.slots:
-            seq = self.decoder.add(self.queue.popleft())  # prefill: not timed
+            seq = self.decoder.add_request(self.queue.popleft())  # prefill: not timed
             self.served[seq.request.request_id] = seq
             finished += seq.done  # finished on its first token
         batch = list(self.decoder.active)
@@ -76,29 +78,55 @@ class PoolRun:
         return finished
 
 
-def make_policy(name: str, shared_width: int, fixed_width: int, max_width: int, rank_cap: int) -> BatchPolicy:
-    return BatchPolicy(name, fixed_width=fixed_width, uniform_width=shared_width, mean_budget=shared_width,
-                       max_width=max_width, rank_cap=rank_cap)
+POLICIES = ("chain", "fixed", "uniform", "best_first")
 
 
-def budget_note(policy: BatchPolicy, num_draft_positions: int) -> str:
+@dataclass(frozen=True, slots=True)
+class LoadPolicy:
+    """How a pool's requests get their trees: per-request method/budget of the one engine."""
+
+    name: str
+    shared_width: int = 8  # uniform: W nodes per request; best_first: W·B shared
+    fixed_width: int = 48  # fixed: N per request
+    max_width: int = 64  # best_first: cap on one request's share
+    rank_cap: int = 8
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"batch policy must be one of {POLICIES}, got {self.name!r}")
+
+    def engine(self, model: Any, drafter: Any, tokenizer: Any, eos: Sequence[int]) -> LLMEngine:
+        spec = SpecConfig(rank_cap=self.rank_cap, max_request_width=self.max_width, draft_gate=False)
+        return LLMEngine(model, drafter, tokenizer, eos, spec, lambda prefix: MeanBudget(self.shared_width))
+
+    def request(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> Request:
+        method, budget = {"chain": ("chain", None), "fixed": ("cast", self.fixed_width),
+                          "uniform": ("cast", self.shared_width), "best_first": ("cast", "auto")}[self.name]
+        return Request(tuple(prompt), max_new_tokens, method=method, budget=budget, request_id=str(index))
+
+
+def make_policy(name: str, shared_width: int, fixed_width: int, max_width: int, rank_cap: int) -> LoadPolicy:
+    return LoadPolicy(name, shared_width, fixed_width, max_width, rank_cap)
+
+
+def budget_note(policy: LoadPolicy, num_draft_positions: int) -> str:
     """The per-round verify budget of a policy, in words."""
     return {"chain": f"chain: {num_draft_positions} nodes/request",
             "fixed": f"{policy.fixed_width} nodes/request",
-            "uniform": f"{policy.uniform_width} nodes/request ({policy.uniform_width}·B total)",
-            "best_first": f"{policy.mean_budget}·B shared, best-first, cap {policy.max_width}"}[policy.name]
+            "uniform": f"{policy.shared_width} nodes/request ({policy.shared_width}·B total)",
+            "best_first": f"{policy.shared_width}·B shared, best-first, cap {policy.max_width}"}[policy.name]
 
 
-def _requests(prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[GenRequest]:
-    return [GenRequest(str(i), tuple(p), max_new_tokens) for i, p in enumerate(prompts)]
+def _requests(policy: LoadPolicy, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Request]:
+    return [policy.request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
 
 
 def measure_goodput(
     model: Any,  # runtime.model.llama.LlamaTarget
-    drafter: Any,  # runtime.batch_drafter.BatchDraftSource
+    drafter: Any,  # runtime.drafter.DrafterExecutor
     prompts: Sequence[Sequence[int]],
     batch_sizes: Sequence[int],
-    policies: Sequence[BatchPolicy],
+    policies: Sequence[LoadPolicy],
     max_new_tokens: int,
     tokenizer: Any = None,
     eos_token_ids: Sequence[int] = (),
@@ -111,18 +139,18 @@ def measure_goodput(
     if "chain" not in [p.name for p in policies]:
         raise ValueError("the policies must include chain: it is the reference for ratios and losslessness")
 
-    def decoder(policy: BatchPolicy) -> BatchDecoder:
-        return BatchDecoder(model, drafter, policy, tokenizer, eos_token_ids)
+    def decoder(policy: LoadPolicy) -> LLMEngine:
+        return policy.engine(model, drafter, tokenizer, eos_token_ids)
 
     if warmup:  # first-call allocations and kernel choices, per policy, untimed
         for policy in policies:
-            run = PoolRun(decoder(policy), deque(_requests(prompts[:WARMUP_REQUESTS], WARMUP_TOKENS)), 2)
+            run = PoolRun(decoder(policy), deque(_requests(policy, prompts[:WARMUP_REQUESTS], WARMUP_TOKENS)), 2)
             while not run.done:
                 run.round()
     cells, tokens = [], {}
     bar = tqdm(total=len(batch_sizes) * len(policies) * len(prompts), desc="goodput", unit="req", disable=not progress)
     for B in batch_sizes:
-        runs = {p.name: PoolRun(decoder(p), deque(_requests(prompts, max_new_tokens)), B) for p in policies}
+        runs = {p.name: PoolRun(decoder(p), deque(_requests(p, prompts, max_new_tokens)), B) for p in policies}
         bar.set_postfix_str(f"B={B}")
         while not all(r.done for r in runs.values()):
             for run in runs.values():  # one round of each policy in turn
@@ -222,8 +250,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 @click.option("--max-width", type=int, default=64, show_default=True,
               help="best_first: most nodes one request may take from the shared budget.")
 @click.option("--rank-cap", type=int, default=8, show_default=True, help="K: tokens kept per drafted position.")
-@click.option("--drafter", type=click.Path(file_okay=False), default=None,
-              help="DFlash drafter checkpoint dir (default: the shipped head runtime/drafter/default).")
+@click.option("--target", default="embedded", show_default=True, help="embedded | an HF model directory | a .gguf file.")
+@click.option("--drafter", default="default", show_default=True, help="default | a DFlash checkpoint directory.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Evaluation data directory (default: ../shared/data next to the repo).")
 @click.option("--ignore-eos", is_flag=True, help="Always generate the full token budget.")
@@ -232,16 +260,13 @@ def _int_list(text: str, flag: str) -> list[int]:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the table.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def main(batch_sizes, policies, dataset, num_requests, max_new_tokens, out, plot, threads, shared_width, fixed_width,
-         max_width, rank_cap, drafter, data_dir, ignore_eos, no_chat, seed, as_json, no_progress) -> None:
+         max_width, rank_cap, target, drafter, data_dir, ignore_eos, no_chat, seed, as_json, no_progress) -> None:
     """Goodput of chain / fixed / uniform / best_first at each batch size B, measured side by side."""
     import torch
 
     from perf.datasets import DatasetError, load_dataset
     from perf.report import machine_info, percentiles
-    from runtime.batch_drafter import DFlashBatchDrafter
-    from runtime.drafter import DEFAULT_DRAFTER
-    from runtime.drafter import load_drafter
-    from runtime.embedded import encode_prompt, load_embedded
+    from runtime.engine.build import build_engine
 
     sizes = _int_list(batch_sizes, "--batch-sizes")
     names = list(dict.fromkeys(["chain"] + [p.strip() for p in policies.split(",") if p.strip()]))
@@ -255,17 +280,18 @@ def main(batch_sizes, policies, dataset, num_requests, max_new_tokens, out, plot
         requests = load_dataset(dataset, num_requests, max_new_tokens, data_dir)
     except (ValueError, DatasetError) as err:
         raise click.ClickException(str(err)) from None
-    loaded = load_embedded("cpu", torch.float32)
-    drafter_dir = Path(drafter) if drafter else DEFAULT_DRAFTER
-    draft = DFlashBatchDrafter(load_drafter(drafter_dir, loaded.model.config), loaded.model)
-    prompts = [list(r.input_ids) if r.input_ids is not None else encode_prompt(loaded.tokenizer, r.prompt, not no_chat)
+    try:
+        built = build_engine(target, drafter, SpecConfig(rank_cap=rank_cap), "cpu", None, threads)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    loaded, draft = built.models, built.engine.drafter
+    prompts = [list(r.input_ids) if r.input_ids is not None else built.encode(r.prompt, not no_chat)
                for r in requests]
-    result = measure_goodput(loaded.model, draft, prompts, sizes, pols, max_new_tokens, loaded.tokenizer,
+    result = measure_goodput(loaded.target, draft, prompts, sizes, pols, max_new_tokens, loaded.tokenizer,
                              () if ignore_eos else loaded.eos_token_ids, progress=not no_progress)
     report = {
-        "engine": {"backend": "cast-trtllm BatchDecoder (ragged verify)", "model": loaded.name, "dtype": "float32",
-                   "device": "cpu", "drafter": str(drafter_dir), "block_positions_L": draft.num_draft_positions,
-                   "rank_cap_K": rank_cap, "ignore_eos": ignore_eos, "chat_template": not no_chat},
+        "engine": {**built.describe(), "backend": "cast-trtllm LLMEngine (ragged verify)", "ignore_eos": ignore_eos,
+                   "chat_template": not no_chat},
         "machine": machine_info(),
         "dataset": {"name": dataset, "num_requests": len(prompts), "isl_stats": percentiles([len(p) for p in prompts])},
         "settings": {"batch_sizes": sizes, "policies": names, "max_new_tokens": max_new_tokens,
@@ -280,7 +306,7 @@ def main(batch_sizes, policies, dataset, num_requests, max_new_tokens, out, plot
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=2) + "\n")
     lossless = report["lossless"]
-    md = (f"# Goodput on CPU ({loaded.name}, fp32, {threads} thread(s))\n\n"
+    md = (f"# Goodput on CPU ({loaded.name}, {built.describe()['dtype']}, {threads} thread(s))\n\n"
           f"{len(prompts)} {dataset} requests x {max_new_tokens} new tokens, greedy; uniform and best_first share "
           f"{shared_width}·B nodes per round, fixed = {fixed_width}/request.\n\n{format_goodput(report['cells'], True)}\n\n"
           f"Greedy outputs equal to the chain's for every policy: {lossless['all_policies_equal_chain']}.\n")

@@ -26,7 +26,7 @@ import torch
 from cast_trtllm.relaxed import RULES, RelaxedRule, committed_law, relaxed_speedup, relaxed_walk, total_variation
 from cast_trtllm.sampling import SamplingParams, target_probs
 from cast_trtllm.tree import Tree
-from runtime.decoder import Decoder
+from runtime.engine import LLMEngine
 
 
 def parse_relaxed(text: str) -> RelaxedRule:
@@ -49,24 +49,17 @@ class _Round:
     committing_rows: np.ndarray  # pack rows whose node committed a token: [0] + path
 
 
-class RelaxedDecoder(Decoder):
-    """`Decoder` whose walk applies `self.rule` when set; keeps what the TV needs."""
+class RelaxedEngine(LLMEngine):
+    """The one engine whose walk applies `self.rule` when set; keeps what the TV needs."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rule: RelaxedRule | None = None
-        self.rounds: list[_Round] = []
-        self._draft_logits: torch.Tensor | None = None
+    rule: RelaxedRule | None = None
+    rounds: list[_Round]
 
-    def _tree(self, cfg, draft_logits):
-        self._draft_logits = draft_logits
-        return super()._tree(cfg, draft_logits)
-
-    def _walk(self, cfg, tree, logits, gen):
+    def _walk(self, seq, tree, logits, draft_logits):
         if self.rule is None or tree.size == 0:
-            return super()._walk(cfg, tree, logits, gen)
-        acc = relaxed_walk(tree, logits, self._draft_logits, cfg.sampling, self.rule, gen)
-        self.rounds.append(_Round(tree, logits, self._draft_logits, np.concatenate([[0], acc.path])))
+            return super()._walk(seq, tree, logits, draft_logits)
+        acc = relaxed_walk(tree, logits, draft_logits, seq.request.sampling, self.rule, seq.generator)
+        self.rounds.append(_Round(tree, logits, draft_logits, np.concatenate([[0], acc.path])))
         return acc
 
 

@@ -72,11 +72,12 @@ def main(drafter, width_profile, methods, domains, num_prompts, max_new_tokens, 
          out) -> None:
     """Run every domain through the bench harness and write the results page."""
     from perf.session import load_session
+    from runtime.options import engine_options
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     specs = parse_methods(methods)
-    session = load_session(drafter, width_profile)
+    session = load_session(engine_options("embedded", drafter, "auto", "auto", None, width_profile=width_profile))
     reports = {}
     for domain in (d.strip() for d in domains.split(",")):
         requests = load_dataset(domain, num_prompts, max_new_tokens, data_dir)

@@ -1,4 +1,4 @@
-"""Ragged batched forwards: one target verify pass and one drafter pass for B requests.
+"""Ragged batched forwards: one target verify pass (and one drafter pass) for B requests.
 
 Layout (the varlen layout of `cast_trtllm.masks.cu_seqlens`): the packs of B requests
 are concatenated into one [T = Σ n_b] token stream; request b owns rows
@@ -6,9 +6,10 @@ cu[b]:cu[b+1]. Every matmul (projections, MLP, lm_head) runs once over all T row
 only attention is per request, over that request's own KV cache (prefix P_b) and its
 own pack under its ancestor mask, so no request pays another's width (no pad-to-max).
 
-The target pass reuses `LlamaTarget.forward` unchanged: `RaggedCaches` stands in for
-the single `KVCache` (its `write` splits the new rows per request and returns one K/V
-view per request) and `RaggedTreeAttention` is the matching `AttentionBackend`.
+Both passes reuse the single-sequence forwards unchanged (`LlamaTarget.forward`,
+`DFlashDrafter.forward`): `RaggedCaches` stands in for the single `KVCache` (its `write`
+splits the new rows per request and returns one K/V view per request) and
+`RaggedTreeAttention` is the matching attention backend.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from torch.nn import functional as F
 
 from cast_trtllm.masks import additive_mask, batched_position_ids, cu_seqlens
 from cast_trtllm.tree import Tree
-from runtime.drafter.model import DFlashDrafter
 from runtime.kv_cache import KVCache
-from runtime.model.layers import Rotary, apply_rope
 from runtime.model.llama import LlamaTarget
 
 KVViews = list[torch.Tensor]  # one [Hkv, P_b + n_b, d] view per request
@@ -52,13 +51,19 @@ class RaggedCaches:
 
 
 class RaggedTreeAttention:
-    """Per-request ancestor-masked SDPA over a ragged batch (CPU/GPU reference backend)."""
+    """Per-request SDPA over a ragged batch (CPU/GPU reference backend): ancestor-masked
+    for target verify packs, unmasked for drafter blocks (non-causal inside a block)."""
 
     def prepare(self, trees: Sequence[Tree], prefix_lens: Sequence[int], dtype: torch.dtype, device: torch.device):
         """Per request: (row bounds, additive mask [1, 1, n_b, P_b + n_b])."""
         cu = cu_seqlens(list(trees)).tolist()
         masks = [additive_mask(t, p, dtype=dtype, device=device) for t, p in zip(trees, prefix_lens)]
         return cu, masks
+
+    @staticmethod
+    def prepare_unmasked(sizes: Sequence[int]):
+        """Every row sees its request's whole context and block: (row bounds, no masks)."""
+        return np.concatenate([[0], np.cumsum(sizes)]).tolist(), [None] * len(sizes)
 
     def __call__(self, q: torch.Tensor, keys: KVViews, values: KVViews, prepared) -> torch.Tensor:
         """q: [Hq, T, d]; keys/values: per-request [Hkv, P_b + n_b, d]. Returns [Hq, T, d]."""
@@ -94,38 +99,3 @@ def ragged_verify(
     tokens = torch.from_numpy(np.concatenate(packs).astype(np.int64)).to(device)  # [T]
     positions = torch.from_numpy(batched_position_ids(list(trees), prefix_lens)).to(device)  # [T]
     return model(tokens, positions, ragged, backend, prepared, tap_layer_ids, None)
-
-
-@torch.inference_mode()
-def batched_draft(
-    drafter: DFlashDrafter,
-    rotary: Rotary,
-    caches: Sequence[KVCache],
-    block_embeds: torch.Tensor,  # [B, L+1, H] target embeddings of each [b, mask…]
-) -> torch.Tensor:
-    """ONE drafter pass for B blocks; block b sits at positions P_b..P_b+L of its context.
-
-    Same math as `DFlashDrafter.forward` per request (context ∪ block keys, no mask),
-    with every projection and MLP batched. Returns normed hidden states [B, L, H] of
-    slots 1..L (apply the target's lm_head for the marginals).
-    """
-    B, S, H = block_embeds.shape
-    for cache in caches:
-        cache.check_room(S)
-    positions = torch.cat([torch.arange(c.length, c.length + S) for c in caches]).to(block_embeds.device)
-    cos, sin = rotary(positions, block_embeds.dtype)  # [B*S, d]
-    cos, sin = cos.view(B, S, -1), sin.view(B, S, -1)
-    h = block_embeds.reshape(B * S, H)
-    for i, layer in enumerate(drafter.layers):
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)  # [B*S, H]
-        q = attn.q_norm(attn.q_proj(x).view(B, S, attn.num_heads, attn.head_dim))  # [B, S, Hq, d]
-        out = torch.empty(B, attn.num_heads, S, attn.head_dim, dtype=x.dtype, device=x.device)
-        for b, cache in enumerate(caches):
-            rope = (cos[b], sin[b])
-            qb = apply_rope(q[b].transpose(0, 1), *rope)  # [Hq, S, d]
-            keys, values = cache.write(i, *attn.key_value(x[b * S : (b + 1) * S], rope))  # scratch rows
-            out[b] = F.scaled_dot_product_attention(qb[None], keys[None], values[None], enable_gqa=True)[0]
-        h = h + attn.o_proj(out.transpose(1, 2).reshape(B * S, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return drafter.norm(h.view(B, S, H)[:, 1:])

@@ -1,15 +1,19 @@
-"""Drafter executor: the feature cache and one draft call per round.
+"""Drafter executor: per-request feature caches and ONE drafter pass per round.
 
-The feature cache (per drafter layer K/V of the context) covers exactly the
-cache-backed prefix x; `append_context` adds the taps of the committed positions
-x∘b∘y_1:A after each round; `draft(b)` scores the L future positions of
-[b, mask, …, mask] at positions P..P+L in one forward.
+Each request keeps its own feature cache (a `KVCache` of per-layer context K/V covering
+exactly its cache-backed prefix x, plus room for one scratch block); `append_context`
+adds the taps of newly committed positions x∘b∘y_1:A; `draft` scores the blocks
+[b_r, mask, …, mask] of all B requests at positions P_r..P_r+L in one batched forward
+(`DFlashDrafter.forward` over `RaggedCaches`). A single request is B = 1.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
+from runtime.batch_forward import RaggedCaches, RaggedTreeAttention
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead
 from runtime.kv_cache import KVCache
@@ -34,41 +38,35 @@ class DrafterExecutor:
         self.device, self.dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
         self.target = target
         self.head = DraftHead(target.lm_head.weight, self.drafter.d2t)
-        self.cache: KVCache | None = None
-        self._mask_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64, device=self.device)
+        self.tap_layer_ids = tuple(cfg.target_layer_ids)
+        self.num_draft_positions = cfg.num_draft_positions  # L
+        self.backend = RaggedTreeAttention()
 
     @property
-    def tap_layer_ids(self) -> tuple[int, ...]:
-        return self.drafter.config.target_layer_ids
+    def mass_exponent(self) -> float:
+        return self.drafter.config.mass_exponent
 
-    @property
-    def num_draft_positions(self) -> int:
-        """L: the block scores positions 1..L after the pending root."""
-        return self.drafter.config.num_draft_positions
-
-    @property
-    def context_len(self) -> int:
-        return self.cache.length if self.cache is not None else 0
-
-    def reset(self, capacity: int) -> None:
-        """Empty the feature cache; room for `capacity` context rows plus one block."""
+    def new_state(self, capacity: int) -> KVCache:
+        """An empty feature cache: `capacity` context rows plus one scratch block."""
         cfg = self.drafter.config
         rows = capacity + cfg.block_size
-        if self.cache is None or self.cache.capacity < rows:
-            self.cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, rows, self.dtype, self.device)
-        self.cache.reset()
+        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, rows, self.dtype, self.device)
 
-    def _rope(self, start: int, n: int):
-        return self.rotary(torch.arange(start, start + n, device=self.device), self.dtype)
-
-    def append_context(self, taps: torch.Tensor) -> None:
+    def append_context(self, state: KVCache, taps: torch.Tensor) -> None:
         """taps: [m, F] target taps of the m newly committed positions, in order."""
-        self.drafter.append_context(taps, self._rope(self.context_len, taps.shape[0]), self.cache)
+        positions = torch.arange(state.length, state.length + taps.shape[0], device=self.device)
+        self.drafter.append_context(taps, self.rotary(positions, self.dtype), state)
 
     @torch.inference_mode()
-    def draft(self, root_token: int) -> torch.Tensor:
-        """Logits [L, V] of the marginals q_1..q_L given the context and pending root."""
-        block = self._mask_ids.clone()
-        block[0] = root_token
-        hidden = self.drafter(self.target.embed(block), self._rope(self.context_len, block.numel()), self.cache)
-        return self.head(hidden)  # [L, V]
+    def draft(self, states: Sequence[KVCache], roots: Sequence[int]) -> torch.Tensor:
+        """Logits [B, L, V] of the marginals q_1..q_L of every request's block."""
+        cfg = self.drafter.config
+        B, S = len(roots), cfg.block_size
+        block = torch.full((B, S), cfg.mask_token_id, dtype=torch.int64, device=self.device)
+        block[:, 0] = torch.as_tensor(list(roots), dtype=torch.int64, device=self.device)
+        positions = torch.cat([torch.arange(s.length, s.length + S) for s in states]).to(self.device)  # [B*S]
+        caches = RaggedCaches(states, [S] * B)
+        prepared = self.backend.prepare_unmasked([S] * B)
+        hidden = self.drafter(self.target.embed(block.view(-1)), self.rotary(positions, self.dtype), caches,
+                              self.backend, prepared)  # [B*S, H]
+        return self.head(hidden.view(B, S, -1)[:, 1:])  # [B, L, V]

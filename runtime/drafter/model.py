@@ -18,9 +18,10 @@ This matches dflash 0.1.0 `DFlashDraftModel.forward` + `compute_logits` (tested)
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from runtime.drafter.config import DrafterConfig
 from runtime.drafter.vocab import D2T_KEY
@@ -46,13 +47,14 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).view(m, self.num_kv_heads, self.head_dim)
         return apply_rope(k.transpose(0, 1), *rope), v.transpose(0, 1)
 
-    def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int) -> torch.Tensor:
-        """x: [B, H] normed block states. Attends to cached context ∪ block, unmasked."""
+    def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int, backend: Any, prepared: Any) -> torch.Tensor:
+        """x: [T, H] normed block states. Keys/values: what `cache.write` returns for this
+        layer (context ∪ block); `backend(q, keys, values, prepared)` applies the visibility."""
         n = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
-        q = apply_rope(q.transpose(0, 1), *rope)  # [Hq, B, d]
+        q = apply_rope(q.transpose(0, 1), *rope)  # [Hq, T, d]
         keys, values = cache.write(layer, *self.key_value(x, rope))  # scratch rows, never committed
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], enable_gqa=True)[0]
+        out = backend(q, keys, values, prepared)  # [Hq, T, d]
         return self.o_proj(out.transpose(0, 1).reshape(n, -1))
 
 
@@ -64,8 +66,8 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, rope, cache: KVCache, layer: int) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, cache, layer)
+    def forward(self, h: torch.Tensor, rope, cache: KVCache, layer: int, backend: Any, prepared: Any) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, cache, layer, backend, prepared)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -93,12 +95,17 @@ class DFlashDrafter(nn.Module):
             cache.write(i, *layer.self_attn.key_value(ctx, rope))
         cache.advance(taps.shape[0])
 
-    @torch.inference_mode()
-    def forward(self, block_embeds: torch.Tensor, rope, cache: KVCache) -> torch.Tensor:
-        """block_embeds: [L+1, H] target embeddings of [b, mask…]. Returns the normed
-        hidden states of slots 1..L: [L, H] (apply the target's lm_head for logits)."""
-        cache.check_room(block_embeds.shape[0])
+    def forward(self, block_embeds: torch.Tensor, rope, cache: Any, backend: Any, prepared: Any) -> torch.Tensor:
+        """The ONE DFlash layer stack (serving, batched drafting and training all run it).
+
+        block_embeds: [T, H] target embeddings of one or more blocks [b, mask…] laid end
+        to end; rope: cos, sin [T, d] at each row's absolute position. `cache.write(layer,
+        k, v)` stores the block rows and returns the keys/values each row may see (context
+        ∪ block: `KVCache`, `runtime.batch_forward.RaggedCaches`, or training's in-memory
+        context); `backend` attends (no mask inside a block). Returns the final-normed
+        hidden states of all T rows [T, H]; slot 0 of each block is the root (drop it).
+        """
         h = block_embeds
         for i, layer in enumerate(self.layers):
-            h = layer(h, rope, cache, i)
-        return self.norm(h[1:])
+            h = layer(h, rope, cache, i, backend, prepared)
+        return self.norm(h)

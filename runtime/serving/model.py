@@ -40,7 +40,7 @@ class TritonPythonModel:
         self.cfg = ServingConfig.from_params(params)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.engine = build_engine(self.cfg)
-        self.scheduler = Scheduler(self.engine.decoder, self.cfg.max_batch, self.cfg.max_queue, self.cfg.request_timeout_s)
+        self.scheduler = Scheduler(self.engine.engine, self.cfg.max_batch, self.cfg.max_queue, self.cfg.request_timeout_s)
         self.scheduler.start()
         self._count = 0
         drain_file = os.environ.get("CAST_DRAIN_FILE")  # runtime.serving.server.DRAIN_ENV
@@ -102,7 +102,7 @@ class TritonPythonModel:
             try:
                 inputs = {t.name(): t.as_numpy() for t in request.inputs()}
                 gen = parse_request(request_id, inputs, self.cfg, self.engine.encode,
-                                    self.engine.decoder.context_window)
+                                    self.engine.engine.context_window)
                 self.scheduler.submit(gen, *self._callbacks(sender))
             except (ValueError, Overloaded) as err:
                 self._error(sender, str(err))

@@ -1,4 +1,4 @@
-"""Request tensors → a validated `GenRequest`, with errors a client can act on.
+"""Request tensors → a validated `runtime.engine.Request`, with errors a client can act on.
 
 Input names and types follow TensorRT-LLM's Triton backend (`text_input`, `max_tokens`,
 `temperature`, `top_k`, `top_p`, `seed`, `stop_words`) plus CAST's `method` / `budget`.
@@ -14,7 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from cast_trtllm.sampling import SamplingParams
-from runtime.batch_decoder import METHODS, GenRequest
+from cast_trtllm.spec_config import METHODS, check_budget
+from runtime.engine import Request
 from runtime.serving.config import ServingConfig
 
 # name -> (Triton datatype, numpy kinds accepted, required)
@@ -59,7 +60,7 @@ def parse_request(
     cfg: ServingConfig,
     encode: Callable[[str], list[int]],
     context_window: int,
-) -> GenRequest:
+) -> Request:
     """Validate the request's tensors and tokenize its prompt."""
     unknown = sorted(set(inputs) - set(INPUTS))
     if unknown:
@@ -94,19 +95,19 @@ def parse_request(
     stops = tuple(_text(s) for s in inputs["stop_words"].reshape(-1)) if "stop_words" in inputs else ()
     if any(not s for s in stops):
         raise ValueError("input 'stop_words' holds an empty string; every stop word must be non-empty")
-    method = _text(_scalar(inputs, "method")).strip().lower() if "method" in inputs else "cast"
-    if method not in METHODS:
+    method = _text(_scalar(inputs, "method")).strip().lower() if "method" in inputs else None
+    if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
-    budget_text = _text(_scalar(inputs, "budget")).strip().lower() if "budget" in inputs else "auto"
     budget = None
-    if budget_text != "auto":
-        if not budget_text.isdigit() or int(budget_text) > cfg.max_budget:
-            raise ValueError(f"budget={budget_text!r} must be 'auto' or an integer in [0, {cfg.max_budget}]")
-        budget = int(budget_text)
+    if "budget" in inputs:
+        try:
+            budget = check_budget(_text(_scalar(inputs, "budget")).strip().lower(), "input 'budget'")
+        except ValueError as err:
+            raise ValueError(str(err)) from None
     ids = encode(prompt)
     if len(ids) + max_tokens > context_window:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
             f"{context_window} tokens; shorten the prompt or lower max_tokens"
         )
-    return GenRequest(request_id, tuple(ids), max_tokens, sampling, stops, method, budget)
+    return Request(tuple(ids), max_tokens, sampling, stops, method, budget, request_id=request_id)

@@ -1,6 +1,6 @@
-"""Continuous-batching scheduler: a bounded queue in front of a `BatchDecoder`.
+"""Continuous-batching scheduler: a bounded queue in front of the one `LLMEngine`.
 
-One thread owns the decoder. Between rounds it fails requests past their deadline,
+One thread owns the engine. Between rounds it fails requests past their deadline,
 admits queued requests up to `max_batch` (prefill + first token), runs one batched
 round and reports new tokens / finished requests through each request's callbacks.
 `submit` never blocks: a full queue raises `Overloaded` at once. `shutdown` stops
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from runtime.batch_decoder import BatchDecoder, GenRequest, LiveRequest
+from runtime.engine import LLMEngine, Request, Sequence
 
 LOG = logging.getLogger(__name__)
 
@@ -28,17 +28,17 @@ class Overloaded(RuntimeError):
 
 @dataclass(slots=True)
 class Job:
-    request: GenRequest
-    on_tokens: Callable[[LiveRequest], None]  # after each round that added tokens
-    on_done: Callable[[LiveRequest | None, str | None], None]  # (finished state, None) or (None, error)
+    request: Request
+    on_tokens: Callable[[Sequence], None]  # after each round that added tokens
+    on_done: Callable[[Sequence | None, str | None], None]  # (finished state, None) or (None, error)
     deadline: float
-    live: LiveRequest | None = None
+    live: Sequence | None = None
     sent: int = field(default=0)  # tokens already reported through on_tokens
 
 
 class Scheduler:
-    def __init__(self, decoder: BatchDecoder, max_batch: int, max_queue: int, request_timeout_s: float) -> None:
-        self.decoder = decoder
+    def __init__(self, engine: LLMEngine, max_batch: int, max_queue: int, request_timeout_s: float) -> None:
+        self.engine = engine
         self.max_batch, self.max_queue, self.timeout_s = max_batch, max_queue, request_timeout_s
         self._queue: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
@@ -50,7 +50,7 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, request: GenRequest, on_tokens, on_done) -> None:
+    def submit(self, request: Request, on_tokens, on_done) -> None:
         with self._cv:
             if not self._accepting:
                 raise Overloaded("server shutting down: not accepting new requests")
@@ -108,7 +108,7 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         try:
-            job.live = self.decoder.add(job.request)
+            job.live = self.engine.add_request(job.request)
         except Exception as err:  # a bad request must not take the server down
             LOG.exception("prefill failed for %s", job.request.request_id)
             _finish(job, None, f"request failed: {err}")
@@ -122,7 +122,7 @@ class Scheduler:
         if not self._running:
             return
         try:
-            self.decoder.step()
+            self.engine.step()
         except Exception as err:
             LOG.exception("decoding round failed")
             for job in list(self._running):
@@ -136,8 +136,8 @@ class Scheduler:
                 _report(job)
 
     def _drop(self, job: Job, error: str) -> None:
-        if job.live in self.decoder.active:
-            self.decoder.active.remove(job.live)
+        if job.live is not None:
+            self.engine.abort(job.live, error)
         if job in self._running:
             self._running.remove(job)
         _finish(job, None, error)
@@ -151,7 +151,7 @@ def _report(job: Job) -> None:
     job.sent = len(job.live.tokens)
 
 
-def _finish(job: Job, live: LiveRequest | None, error: str | None) -> None:
+def _finish(job: Job, live: Sequence | None, error: str | None) -> None:
     try:
         job.on_done(live, error)
     except Exception:

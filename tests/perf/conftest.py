@@ -5,23 +5,29 @@ from __future__ import annotations
 import pytest
 import torch
 
+from types import SimpleNamespace
+
+from cast_trtllm.spec_config import SpecConfig
 from perf.session import DecodeSession
-from runtime.decoder import Decoder
 from runtime.drafter import DrafterExecutor, random_drafter
+from runtime.engine import LLMEngine
+from runtime.engine.build import Built
 from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget, TargetConfig
-from runtime.target import TargetExecutor
 
 TINY = TargetConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
                     intermediate_size=64, rms_norm_eps=1e-5, context_window=512)
 
 
-def tiny_session(decoder_cls: type = Decoder) -> DecodeSession:
+def tiny_session(engine_cls: type = LLMEngine) -> DecodeSession:
+    """The one engine over a tiny random target + drafter (`engine_cls`: e.g. the relaxed-rule engine)."""
     torch.manual_seed(0)
     model = LlamaTarget(TINY, Rotary(default_inv_freq(TINY.head_dim, 10000.0))).eval().requires_grad_(False)
     drafter = DrafterExecutor(random_drafter(TINY, block_size=8, init_std=0.2), model)
-    decoder = decoder_cls(TargetExecutor(model, drafter.tap_layer_ids), drafter, None, ())
-    return DecodeSession(decoder, None, {"model": "tiny random"}, None, rank_cap=4, chat=False)
+    engine = engine_cls(model, drafter, None, (), SpecConfig(rank_cap=4))
+    engine.rule, engine.rounds = None, []
+    models = SimpleNamespace(name="tiny random", source="tests", dtype=torch.float32, tokenizer=None)
+    return DecodeSession(Built(engine, models, torch.device("cpu"), None), chat=False)
 
 
 @pytest.fixture(autouse=True, scope="module")

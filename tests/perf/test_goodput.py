@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perf.goodput import format_goodput, make_policy, measure_goodput
-from runtime.batch_decoder import POLICIES
-from runtime.batch_drafter import DFlashBatchDrafter
+from perf.goodput import POLICIES, format_goodput, make_policy, measure_goodput
+from runtime.drafter import DrafterExecutor
 from runtime.drafter import random_drafter
-from runtime.serving.engine import random_target
+from tests.runtime.doubles import random_target
 
 VOCAB, L = 64, 4
 CELL_KEYS = {"batch_size", "policy", "budget", "goodput_tok_s", "ratio_to_chain", "committed_tokens", "decode_s",
@@ -19,7 +18,7 @@ CELL_KEYS = {"batch_size", "policy", "budget", "goodput_tok_s", "ratio_to_chain"
 @pytest.fixture(scope="module")
 def report():
     target = random_target(seed=3, vocab_size=VOCAB)
-    drafter = DFlashBatchDrafter(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=4, init_std=0.3),
+    drafter = DrafterExecutor(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=4, init_std=0.3),
                                  target)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, VOCAB, size=int(rng.integers(2, 20))).tolist() for _ in range(5)]

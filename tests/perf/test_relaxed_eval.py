@@ -5,7 +5,7 @@ import pytest
 from cast_trtllm.sampling import SamplingParams
 from perf.datasets import Request
 from perf.harness import MethodSpec, run_bench
-from perf.relaxed_eval import RelaxedDecoder, parse_relaxed, relaxed_block
+from perf.relaxed_eval import RelaxedEngine, parse_relaxed, relaxed_block
 from perf.report import build_report
 
 from .conftest import tiny_session
@@ -19,7 +19,7 @@ def test_relaxed_rule_parsing_requires_name_and_alpha():
 
 
 def test_relaxed_twin_reports_tv_length_change_and_eq4_proxy():
-    session = tiny_session(RelaxedDecoder)
+    session = tiny_session(RelaxedEngine)
     lossless = MethodSpec("cast", 5)
     exact = MethodSpec("cast", 5, parse_relaxed("ensemble:0"))  # pi = p: a lossless rule in disguise
     lossy = MethodSpec("cast", 5, parse_relaxed("ensemble:0.9"))

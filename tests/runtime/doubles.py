@@ -48,9 +48,10 @@ class CharTokenizer:
 
 
 class ScriptedDrafter:
-    """A DraftSource whose marginal at block position j puts the TRUE next token (from a
-    known greedy continuation `ref`, ref[0] = first generated token) at rank
-    `ranks[(g + j) % len(ranks)]` (None: absent), g = index of the pending root in `ref`.
+    """A drafter (the `runtime.drafter.DrafterExecutor` interface) whose marginal at block
+    position j puts the TRUE next token (from a known greedy continuation `ref`, ref[0] =
+    first generated token) at rank `ranks[(g + j) % len(ranks)]` (None: absent), g = index
+    of the pending root in `ref`. Every request it serves must follow the same script.
     """
 
     def __init__(self, prompt_len: int, ref: Sequence[int], vocab: int, block_size: int = 8,
@@ -59,18 +60,23 @@ class ScriptedDrafter:
         self.num_draft_positions = block_size - 1
         self.ranks = list(ranks)
         self.tap_layer_ids = tuple(tap_layer_ids)
-        self.context_len = 0
+        self.mass_exponent = 1.0
         self.drafts = 0
+        self.states: list[dict] = []
 
-    def reset(self, capacity: int) -> None:
-        self.context_len = 0
+    def new_state(self, capacity: int) -> dict:
+        self.states.append({"context_len": 0})
+        return self.states[-1]
 
-    def append_context(self, taps: torch.Tensor) -> None:
-        self.context_len += taps.shape[0]
+    def append_context(self, state: dict, taps: torch.Tensor) -> None:
+        state["context_len"] += taps.shape[0]
 
-    def draft(self, root_token: int) -> torch.Tensor:
+    def draft(self, states: Sequence[dict], roots: Sequence[int]) -> torch.Tensor:
+        return torch.stack([self._one(s["context_len"], r) for s, r in zip(states, roots)])  # [B, L, V]
+
+    def _one(self, context_len: int, root_token: int) -> torch.Tensor:
         self.drafts += 1
-        g = self.context_len - self.prompt_len  # index of the pending root in ref
+        g = context_len - self.prompt_len  # index of the pending root in ref
         assert self.ref[g] == root_token or g >= len(self.ref), "scripted drafter went off script"
         logits = torch.full((self.num_draft_positions, self.vocab), -10.0)
         for j in range(1, self.num_draft_positions + 1):
@@ -81,3 +87,23 @@ class ScriptedDrafter:
             for r, tok in enumerate(order[:3]):
                 logits[j - 1, tok] = 5.0 - r
         return logits
+
+
+def random_target(seed: int, vocab_size: int = 258) -> LlamaTarget:
+    """A 2-layer random Llama (hidden 64) whose logits are far from ties."""
+    from runtime.model.layers import Rotary, default_inv_freq
+    from runtime.model.llama import TargetConfig
+
+    cfg = TargetConfig(
+        vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+        intermediate_size=128, rms_norm_eps=1e-6, context_window=1024,
+    )
+    model = LlamaTarget(cfg, Rotary(default_inv_freq(cfg.head_dim, 10000.0)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    return model.eval().requires_grad_(False)

@@ -1,4 +1,5 @@
-"""Batched CAST: ragged verify/draft parity and token-for-token greedy equivalence."""
+"""The one engine at B > 1: ragged verify/draft parity, continuous batching, mixed methods
+and token-for-token greedy equivalence with single-request AR."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import torch
 
 from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.tree import build_tree
+from cast_trtllm.spec_config import SpecConfig
 from cast_trtllm.width import WidthPolicy
-from runtime.batch_decoder import POLICIES, BatchDecoder, BatchPolicy, GenRequest
-from runtime.batch_drafter import DFlashBatchDrafter
 from runtime.batch_forward import ragged_verify
-from runtime.decoder import DecodeConfig, Decoder
 from runtime.drafter.checkpoint import random_drafter
 from runtime.drafter.executor import DrafterExecutor
+from runtime.engine import LLMEngine, Request
+from runtime.engine.trees import MeanBudget
 from runtime.kv_cache import KVCache
-from runtime.serving.engine import random_target
+from tests.runtime.doubles import random_target
 from runtime.target import TargetExecutor
 
 VOCAB, L = 64, 4
@@ -41,7 +42,7 @@ def prompts(count: int, seed: int = 0) -> list[tuple[int, ...]]:
 
 @functools.lru_cache(maxsize=None)
 def ar_greedy(target, prompt: tuple[int, ...], max_new: int) -> list[int]:
-    return Decoder(TargetExecutor(target), None).generate(list(prompt), DecodeConfig("ar", max_new_tokens=max_new)).token_ids
+    return LLMEngine(target, None, spec=SpecConfig(method="ar")).generate([Request(prompt, max_new)])[0].token_ids
 
 
 class NoisyOracle:
@@ -50,6 +51,7 @@ class NoisyOracle:
 
     tap_layer_ids = (0,)  # committed rows are counted through the target's taps
     num_draft_positions = L
+    mass_exponent = 1.0
 
     def __init__(self, continuations: list[list[int]], seed: int) -> None:
         self.pending = list(continuations)
@@ -71,26 +73,29 @@ class NoisyOracle:
         return logits
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_batched_greedy_equals_single_request_ar_for_every_policy(target, policy):
+def _engine(target, drafter, width=None, **spec):
+    return LLMEngine(target, drafter, spec=SpecConfig(**spec), width=(lambda prefix: width) if width else None)
+
+
+def test_batched_greedy_mixed_methods_in_one_batch_equal_single_request_ar(target):
     ps, max_new = prompts(8), 12
     refs = [ar_greedy(target, p, max_new) for p in ps]
     continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
-    # mixed per-request methods ride along with the policy's "auto" requests
-    methods = [("cast", None)] * 5 + [("chain", None), ("ar", None), ("cast", 3)]
-    reqs = [GenRequest(str(i), p, max_new, method=m, budget=n) for i, (p, (m, n)) in enumerate(zip(ps, methods))]
-    dec = BatchDecoder(target, NoisyOracle(continuations, seed=1), BatchPolicy(policy, fixed_width=12, uniform_width=4))
-    results = dec.generate(reqs)
+    # shared-budget "auto" requests ride along with chain, AR and fixed-N requests
+    methods = [("cast", "auto")] * 4 + [("chain", None), ("ar", None), ("cast", 3), ("cast", 12)]
+    reqs = [Request(p, max_new, method=m, budget=n) for p, (m, n) in zip(ps, methods)]
+    results = _engine(target, NoisyOracle(continuations, seed=1), MeanBudget(4), draft_gate=False).generate(reqs)
     assert [r.token_ids for r in results] == refs
     lengths = [a for r in results for a in r.accept_lengths]
     assert max(lengths) > 2 and min(lengths) == 1  # mixed acceptance
+    assert [r.method for r in results] == [m for m, _ in methods]
 
 
 def test_best_first_splits_the_shared_budget_unequally_and_caps_it(target):
     ps = prompts(8, seed=5)
     continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
-    dec = BatchDecoder(target, NoisyOracle(continuations, seed=2), BatchPolicy("best_first", mean_budget=3, max_width=7))
-    results = dec.generate([GenRequest(str(i), p, 8) for i, p in enumerate(ps)])
+    engine = _engine(target, NoisyOracle(continuations, seed=2), MeanBudget(3), max_request_width=7, draft_gate=False)
+    results = engine.generate([Request(p, 8) for p in ps])
     first = [r.budgets[0] for r in results]
     assert sum(first) == 3 * 8 and max(first) <= 7 and len(set(first)) > 1
 
@@ -101,8 +106,8 @@ def test_best_first_with_a_width_profile_uses_the_batched_stopping_rule(target):
                          intercept_ms=(5.0, 10.0), slope_ms=(6.0, 12.0), fixed_ms=(1.0, 2.0), rule="marginal")
     ps = prompts(4, seed=6)
     continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
-    dec = BatchDecoder(target, NoisyOracle(continuations, seed=3), BatchPolicy("best_first", width_policy=policy))
-    results = dec.generate([GenRequest(str(i), p, 8) for i, p in enumerate(ps)])
+    engine = _engine(target, NoisyOracle(continuations, seed=3), policy, draft_gate=False)
+    results = engine.generate([Request(p, 8) for p in ps])
     assert [r.token_ids for r in results] == [ar_greedy(target, p, 8) for p in ps]
     assert all(sum(r.budgets) < 7 * len(r.budgets) for r in results)
 
@@ -130,34 +135,33 @@ def test_ragged_verify_logits_equal_single_request_verify(target):
 
 
 def test_batched_draft_equals_one_drafter_call_per_request(target, drafter):
-    batched = DFlashBatchDrafter(drafter, target)
+    batched = DrafterExecutor(drafter, target)
     states, singles, roots = [], [], []
     for p in prompts(3, seed=8):
         ex = TargetExecutor(target, drafter.config.target_layer_ids)
         ex.reset(64)
         taps = ex.prefill(torch.tensor(p)).taps
-        single = DrafterExecutor(drafter, target)
-        single.reset(64)
-        single.append_context(taps)
+        single = batched.new_state(64)
+        batched.append_context(single, taps)
         state = batched.new_state(64)
         batched.append_context(state, taps)
         states.append(state), singles.append(single), roots.append(p[0])
     out = batched.draft(states, roots)  # [B, L, V]
-    want = torch.stack([s.draft(r) for s, r in zip(singles, roots)])
+    want = torch.cat([batched.draft([s], [r]) for s, r in zip(singles, roots)])  # B = 1 each
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert all(isinstance(s, KVCache) for s in states)
 
 
 def test_continuous_batching_requests_join_and_leave_between_rounds(target, drafter):
     ps = prompts(6, seed=9)
-    dec = BatchDecoder(target, DFlashBatchDrafter(drafter, target), BatchPolicy("uniform", uniform_width=3))
+    engine = _engine(target, DrafterExecutor(drafter, target), budget=3)
     limits = [3, 9, 5, 12, 1, 7]
     live = {}
     for i, (p, n) in enumerate(zip(ps, limits)):
-        live[i] = dec.add(GenRequest(str(i), p, n))
-        dec.step()  # a new request joins every round while others are mid-generation
-    while dec.active:
-        dec.step()
+        live[i] = engine.add_request(Request(p, n))
+        engine.step()  # a new request joins every round while others are mid-generation
+    while engine.active:
+        engine.step()
     for i, (p, n) in enumerate(zip(ps, limits)):
         assert live[i].tokens == ar_greedy(target, p, n)
         assert live[i].finish_reason == "length"
@@ -166,9 +170,8 @@ def test_continuous_batching_requests_join_and_leave_between_rounds(target, draf
 def test_sampled_requests_keep_their_own_seed_and_match_single_request_runs(target, drafter):
     ps = prompts(4, seed=10)
     params = [SamplingParams(temperature=0.8, top_k=20, seed=s) for s in (1, 2, 3, 4)]
-    dec = BatchDecoder(target, DFlashBatchDrafter(drafter, target), BatchPolicy("chain"))
-    batched = dec.generate([GenRequest(str(i), p, 10, sp) for i, (p, sp) in enumerate(zip(ps, params))])
-    single = Decoder(TargetExecutor(target, drafter.config.target_layer_ids), DrafterExecutor(drafter, target))
+    draft = DrafterExecutor(drafter, target)
+    batched = _engine(target, draft, method="chain").generate([Request(p, 10, sp) for p, sp in zip(ps, params)])
     for p, sp, got in zip(ps, params, batched):
-        want = single.generate(list(p), DecodeConfig("chain", max_new_tokens=10, sampling=sp))
+        want = _engine(target, draft, method="chain").generate([Request(p, 10, sp)])[0]
         assert got.token_ids == want.token_ids

@@ -1,0 +1,238 @@
+"""The one engine: every command, benchmark and server runs `LLMEngine`.
+
+Shaped like nano-vllm's `LLMEngine`: `add_request` (prefill + first pending root),
+`step` (one round for every live request), `generate` (run requests to completion).
+A round (ARCHITECTURE.md; paper §2, App. C):
+  draft  — ONE batched drafter pass over the requests that draft this round;
+  trees  — one tree per request (`runtime.engine.trees`; where N is chosen);
+  verify — ONE ragged, ancestor-masked target pass over every request's pack
+           [b, z_1..z_N] (a request that does not draft packs the empty tree [b]);
+  walk   — greedy, or Theorem 3's lossless recursive rejection sampling at T > 0;
+  commit — KV compacted to x∘b∘y_1:A; taps of exactly those rows queued for the drafter.
+A single request is B = 1 of the same code. Greedy output is token-identical to AR.
+Timings per request follow App. D: the decode window opens after prefill and the first
+draft; every later round's wall time is split into draft / verify / overhead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence as Seq
+
+import numpy as np
+import torch
+
+from cast_trtllm.draft_gate import DraftGate
+from cast_trtllm.sampling import sample_tokens
+from cast_trtllm.spec_config import AUTO, SpecConfig
+from cast_trtllm.tree import Tree
+from cast_trtllm.verify import Acceptance, greedy_walk, stochastic_walk
+from runtime.batch_forward import ragged_verify
+from runtime.drafter.executor import DrafterExecutor
+from runtime.engine.sequence import Request, Sequence
+from runtime.engine.trees import WidthSource, choose_trees, expected_committed, topk
+from runtime.model.llama import LlamaTarget
+from runtime.result import GenerationResult, Stopwatch
+from runtime.stopping import StopChecker
+from runtime.target import TargetExecutor
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        target: LlamaTarget,
+        drafter: DrafterExecutor | None,
+        tokenizer: Any = None,
+        eos_token_ids: Iterable[int] = (),
+        spec: SpecConfig = SpecConfig(),
+        width: WidthSource | None = None,
+    ) -> None:
+        if drafter is not None:
+            spec.check_budget_fits(spec.budget, drafter.num_draft_positions)
+        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.spec, self.width = spec, width
+        self.taps = drafter.tap_layer_ids if drafter is not None else ()
+        self.clock = Stopwatch(target.lm_head.weight.device)
+        self.active: list[Sequence] = []
+
+    @property
+    def context_window(self) -> int:
+        return self.target.config.context_window
+
+    # ------------------------------------------------------------------ join
+    def _resolve(self, req: Request) -> tuple[str, int | str]:
+        method = req.method or self.spec.method
+        budget = self.spec.budget if req.budget is None else req.budget
+        if method != "ar":
+            if self.drafter is None:
+                raise ValueError(f"method {method!r} needs a drafter; load one (--drafter DIR) or use method 'ar'")
+            self.spec.check_budget_fits(budget, self.drafter.num_draft_positions)
+            if method == "cast" and budget == AUTO and self.width is None:
+                raise ValueError("budget 'auto' needs a width rule; this engine was built without one")
+        return method, budget
+
+    def _max_nodes(self, method: str, budget: int | str) -> int:
+        if method == "ar":
+            return 0
+        L = self.spec.draft_positions(self.drafter.num_draft_positions)
+        return L if method == "chain" else self.spec.max_nodes(L) if budget == AUTO else int(budget)
+
+    def add_request(self, req: Request) -> Sequence:
+        """Prefill a request and emit its first token (its first pending root)."""
+        method, budget = self._resolve(req)
+        window = self.context_window
+        n = len(req.prompt_ids)
+        if n >= window:
+            raise ValueError(f"the prompt has {n} tokens; the context window holds {window}")
+        max_new = min(req.max_new_tokens, window - n)
+        capacity = n + max_new + self._max_nodes(method, budget) + 1
+        target = TargetExecutor(self.target, self.taps)
+        target.reset(capacity)
+        gate = (budget == AUTO and self.spec.draft_gate) if req.draft_gate is None else req.draft_gate
+        gated = method == "cast" and gate
+        seq = Sequence(
+            req, method, budget, target,
+            self.drafter.new_state(capacity) if method != "ar" else None,
+            StopChecker(self.tokenizer, () if req.ignore_eos else self.eos_token_ids, req.stop_strings, max_new),
+            req.sampling.generator("cpu"),
+            gate=DraftGate(probe_every=self.spec.gate_probe_every) if gated else None,
+        )
+        t = seq.timings
+        start = self.clock.now()
+        out = target.prefill(torch.as_tensor(req.prompt_ids, dtype=torch.int64))
+        root = int(sample_tokens(out.logits[-1:].cpu(), req.sampling, seq.generator)[0])
+        t.ttft_ms = (self.clock.now() - start) * 1e3
+        keep, seq.finish_reason = seq.stop.check([], [root])
+        seq.tokens += [root][:keep]
+        if not seq.done:
+            seq.root = root
+            if method != "ar":
+                self.drafter.append_context(seq.draft_state, out.taps)
+            self.active.append(seq)
+        t.prefill_ms = (self.clock.now() - start) * 1e3
+        return seq
+
+    def abort(self, seq: Sequence, reason: str = "aborted") -> None:
+        """Drop a live request (its caches are freed with it)."""
+        if seq in self.active:
+            self.active.remove(seq)
+        if not seq.done:
+            seq.finish_reason, seq.error = "abort", reason
+
+    # ------------------------------------------------------------------ one round
+    def _drafts(self, batch: list[Sequence]) -> list[Sequence]:
+        """The requests that draft this round (the draft gate and max_concurrency decide)."""
+        limit = self.spec.max_concurrency
+        if limit is not None and len(batch) > limit:
+            return []
+        return [s for s in batch if s.method != "ar" and s.draft_next]
+
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        """One round for every live request. Returns the requests that finished."""
+        if not self.active:
+            return []
+        batch, clock = self.active, self.clock
+        t0 = clock.now()
+        drafting = self._drafts(batch)
+        draft_logits = None
+        if drafting:
+            for s in drafting:
+                if s.pending_taps:
+                    self.drafter.append_context(s.draft_state, torch.cat(s.pending_taps))
+                    s.pending_taps = []
+            draft_logits = self.drafter.draft([s.draft_state for s in drafting], [s.root for s in drafting])
+            draft_logits = draft_logits[:, : self.spec.draft_positions(draft_logits.shape[1])]  # [B', L, V]
+        t1 = clock.now()
+        trees, row_logits = self._trees(batch, drafting, draft_logits)
+        packs = [np.concatenate([[s.root], t.tokens]).astype(np.int64) for s, t in zip(batch, trees)]
+        t2 = clock.now()
+        logits, taps = ragged_verify(self.target, [s.target.cache for s in batch], packs, trees, self.taps)
+        t3 = clock.now()
+        finished, row = [], 0
+        for seq, tree, dl in zip(batch, trees, row_logits):
+            rows = slice(row, row + tree.num_packed)
+            row += tree.num_packed
+            self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], dl)
+            if seq.done:
+                finished.append(seq)
+        t4 = clock.now()
+        self._account(batch, trees, drafting, (t0, t1, t2, t3, t4))
+        self.active = [s for s in batch if not s.done]
+        return finished
+
+    def _trees(self, batch: list[Sequence], drafting: list[Sequence], draft_logits: torch.Tensor | None):
+        """Trees of every request (empty for those not drafting) and each one's draft logits."""
+        trees, row_logits = [Tree.empty()] * len(batch), [None] * len(batch)
+        if draft_logits is None:
+            return trees, row_logits
+        ids, lp = topk(draft_logits, self.spec.rank_cap)
+        chosen = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
+                              [s.target.prefix_len for s in drafting], ids, lp, self.spec, self.width)
+        index = {id(s): j for j, s in enumerate(drafting)}
+        for b, seq in enumerate(batch):
+            if id(seq) in index:
+                trees[b], row_logits[b] = chosen[index[id(seq)]], draft_logits[index[id(seq)]]
+        return trees, row_logits
+
+    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft_logits: torch.Tensor | None) -> Acceptance:
+        """Accept a path of the verified tree. logits: [n, V]; draft_logits: [L, V] or None."""
+        params = seq.request.sampling
+        if params.greedy:
+            return greedy_walk(tree, logits.argmax(dim=-1))
+        if tree.size == 0:  # AR step: the same law and generator use as plain sampling
+            token = int(sample_tokens(logits[-1:].cpu(), params, seq.generator)[0])
+            return Acceptance(np.zeros(0, np.int64), np.zeros(0, np.int64), token)
+        return stochastic_walk(tree, logits, params, seq.generator)
+
+    def _commit(self, seq: Sequence, tree: Tree, logits: torch.Tensor, taps: torch.Tensor | None,
+                draft_logits: torch.Tensor | None) -> None:
+        """Walk one verified pack and commit it. logits: [n, V]; taps: [n, F]."""
+        acc = self._walk(seq, tree, logits, draft_logits)
+        keep, seq.finish_reason = seq.stop.check(seq.tokens, acc.committed.tolist())
+        kept_rows = np.concatenate([[0], acc.path[: min(keep, acc.num_accepted)]]).astype(np.int64)
+        seq.target.cache.compact(kept_rows)
+        seq.tokens += acc.committed[:keep].tolist()
+        seq.accept_lengths.append(keep)
+        seq.budgets.append(tree.size)
+        seq.drafted.append(draft_logits is not None)
+        if not seq.done:
+            seq.root = acc.next_root
+            if taps is not None and seq.method != "ar":
+                seq.pending_taps.append(taps[torch.from_numpy(kept_rows).to(taps.device)])
+
+    def _account(self, batch: list[Sequence], trees: list[Tree], drafting: list[Sequence], marks) -> None:
+        """App. D timings and the draft gate's readings, per request."""
+        t0, t1, t2, t3, t4 = marks
+        draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
+        overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
+        drafted = {id(s) for s in drafting}
+        for seq, tree in zip(batch, trees):
+            t = seq.timings
+            first = seq.num_rounds == 1
+            if first and id(seq) in drafted:  # the first draft is outside the decode window
+                t.first_draft_ms = draft_ms
+            else:
+                t.draft_ms += draft_ms
+                t.decode_ms += draft_ms
+            t.verify_ms += verify_ms
+            t.overhead_ms += overhead_ms
+            t.decode_ms += verify_ms + overhead_ms
+            if seq.gate is not None:
+                was = id(seq) in drafted
+                expected = expected_committed(tree, self._beta(seq)) if was else None
+                seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected)
+                seq.draft_next = seq.gate.draft_next()
+
+    def _beta(self, seq: Sequence) -> float:
+        if seq.budget == AUTO and self.width is not None:
+            return float(self.width(seq.target.prefix_len).mass_exponent)
+        return 1.0
+
+    # ------------------------------------------------------------------ run to completion
+    def generate(self, requests: Seq[Request]) -> list[GenerationResult]:
+        """Run requests to completion (all join at once); results in request order."""
+        seqs = [self.add_request(r) for r in requests]
+        while self.active:
+            self.step()
+        return [s.result(self.tokenizer) for s in seqs]

@@ -1,0 +1,96 @@
+"""Where N is chosen: the tree of every drafted request in one round.
+
+Per request: `chain` → the top-1 block chain; `cast` with a fixed budget N → the exact
+best-first top-N tree; `cast` with budget `auto` → the width rule on the round's sorted
+prefix masses (B = 1), or, with several auto requests in the round, ONE shared budget
+M from the batched rule over their pooled masses (Proposition 3) split by global
+best-first mass (Proposition 2), each request capped at `max_request_width`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from cast_trtllm.spec_config import AUTO, SpecConfig
+from cast_trtllm.tree import Tree, allocate_shared_budget, build_chain, build_tree, sorted_prefix_masses, topk_per_position
+
+
+class WidthChooser(Protocol):
+    """A per-round width rule (`cast_trtllm.width.WidthPolicy` or the online cost model)."""
+
+    max_budget: int
+    mass_exponent: float  # calibration beta: a node's acceptance ~= rho ** beta
+
+    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> Any: ...  # -> object with `.budget`
+
+
+WidthSource = Callable[[int], WidthChooser]  # prefix length -> the rule for that prefix bucket
+
+
+def topk(draft_logits: torch.Tensor, rank_cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """draft_logits [B, L, V] -> top-K ids and log-probs, numpy [B, L, K]."""
+    B, L, V = draft_logits.shape
+    ids, lp = topk_per_position(draft_logits.reshape(-1, V), rank_cap)
+    return ids.cpu().numpy().reshape(B, L, -1), lp.cpu().numpy().reshape(B, L, -1)
+
+
+def choose_trees(
+    methods: Sequence[str],
+    budgets: Sequence[int | str],
+    prefix_lens: Sequence[int],
+    ids: np.ndarray,  # [B, L, K]
+    lp: np.ndarray,  # [B, L, K]
+    spec: SpecConfig,
+    width: WidthSource | None,
+) -> list[Tree]:
+    """One tree per drafted request (same order as `methods`)."""
+    trees: list[Tree | None] = [None] * len(methods)
+    auto = []
+    for b, (method, budget) in enumerate(zip(methods, budgets)):
+        if method == "chain":
+            trees[b] = build_chain(ids[b], lp[b])
+        elif budget == AUTO:
+            auto.append(b)
+        else:
+            trees[b] = build_tree(ids[b], lp[b], int(budget))
+    if auto:
+        if width is None:
+            raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
+        rule = width(max(prefix_lens[b] for b in auto))
+        limit = min(rule.max_budget * len(auto), spec.max_nodes(ids.shape[1]) * len(auto))
+        if len(auto) == 1:
+            b = auto[0]
+            n = int(rule.choose(sorted_prefix_masses(lp[b], limit), batch=1).budget)
+            trees[b] = build_tree(ids[b], lp[b], n)
+        else:
+            pooled = np.sort(np.concatenate([sorted_prefix_masses(lp[b], limit) for b in auto]))[::-1][:limit]
+            total = int(rule.choose(pooled, batch=len(auto)).budget)
+            shared = allocate_shared_budget([(ids[b], lp[b]) for b in auto], total, cap=spec.max_request_width)
+            for b, tree in zip(auto, shared):
+                trees[b] = tree
+    return trees  # type: ignore[return-value]
+
+
+def expected_committed(tree: Tree, beta: float) -> float:
+    """Forecast committed length of a drafted round: 1 + sum of calibrated node masses."""
+    return 1.0 + float((np.exp(tree.score) ** beta).sum())
+
+
+class MeanBudget:
+    """A width rule with no cost model: M = `per_request` × B nodes per round, shared by
+    global best-first mass (the paper's App. F `best_first` baseline; also for tests)."""
+
+    mass_exponent = 1.0
+
+    def __init__(self, per_request: int) -> None:
+        if per_request < 0:
+            raise ValueError(f"per_request must be >= 0, got {per_request}")
+        self.max_budget = self.per_request = per_request
+
+    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(budget=min(self.per_request * batch, len(masses_desc)))
