@@ -26,20 +26,19 @@ from cast_trtllm.sampling import sample_tokens
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
 from cast_trtllm.verify import Acceptance, greedy_walk, stochastic_walk
-from runtime.batch_forward import ragged_verify
 from runtime.drafter.executor import DrafterExecutor
+from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.engine.trees import WidthSource, choose_trees, expected_committed, topk
 from runtime.model.llama import LlamaTarget
 from runtime.result import GenerationResult, Stopwatch
 from runtime.stopping import StopChecker
-from runtime.target import TargetExecutor
 
 
 class LLMEngine:
     def __init__(
         self,
-        target: LlamaTarget,
+        target: LlamaTarget | TargetBackend,  # a bare model runs on the torch backend
         drafter: DrafterExecutor | None,
         tokenizer: Any = None,
         eos_token_ids: Iterable[int] = (),
@@ -48,11 +47,14 @@ class LLMEngine:
     ) -> None:
         if drafter is not None:
             spec.check_budget_fits(spec.budget, drafter.num_draft_positions)
-        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        taps = drafter.tap_layer_ids if drafter is not None else ()
+        self.target = TorchTarget(target, taps) if isinstance(target, LlamaTarget) else target
+        if drafter is not None and tuple(self.target.tap_layer_ids) != tuple(taps):
+            raise ValueError(f"the target backend taps layers {self.target.tap_layer_ids}; the drafter needs {taps}")
+        self.drafter, self.tokenizer = drafter, tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.spec, self.width = spec, width
-        self.taps = drafter.tap_layer_ids if drafter is not None else ()
-        self.clock = Stopwatch(target.lm_head.weight.device)
+        self.clock = Stopwatch(self.target.device)
         self.active: list[Sequence] = []
 
     @property
@@ -86,8 +88,7 @@ class LLMEngine:
             raise ValueError(f"the prompt has {n} tokens; the context window holds {window}")
         max_new = min(req.max_new_tokens, window - n)
         capacity = n + max_new + self._max_nodes(method, budget) + 1
-        target = TargetExecutor(self.target, self.taps)
-        target.reset(capacity)
+        target = self.target.new_sequence(capacity)
         gate = (budget == AUTO and self.spec.draft_gate) if req.draft_gate is None else req.draft_gate
         gated = method == "cast" and gate
         seq = Sequence(
@@ -99,15 +100,15 @@ class LLMEngine:
         )
         t = seq.timings
         start = self.clock.now()
-        out = target.prefill(torch.as_tensor(req.prompt_ids, dtype=torch.int64))
-        root = int(sample_tokens(out.logits[-1:].cpu(), req.sampling, seq.generator)[0])
+        logits, taps = self.target.prefill(target, torch.as_tensor(req.prompt_ids, dtype=torch.int64))
+        root = int(sample_tokens(logits[-1:].cpu(), req.sampling, seq.generator)[0])
         t.ttft_ms = (self.clock.now() - start) * 1e3
         keep, seq.finish_reason = seq.stop.check([], [root])
         seq.tokens += [root][:keep]
         if not seq.done:
             seq.root = root
             if method != "ar":
-                self.drafter.append_context(seq.draft_state, out.taps)
+                self.drafter.append_context(seq.draft_state, taps)
             self.active.append(seq)
         t.prefill_ms = (self.clock.now() - start) * 1e3
         return seq
@@ -147,7 +148,7 @@ class LLMEngine:
         trees, row_logits = self._trees(batch, drafting, draft_logits)
         packs = [np.concatenate([[s.root], t.tokens]).astype(np.int64) for s, t in zip(batch, trees)]
         t2 = clock.now()
-        logits, taps = ragged_verify(self.target, [s.target.cache for s in batch], packs, trees, self.taps)
+        logits, taps = self.target.verify([s.target for s in batch], packs, trees)
         t3 = clock.now()
         finished, row = [], 0
         for seq, tree, dl in zip(batch, trees, row_logits):
@@ -168,7 +169,7 @@ class LLMEngine:
             return trees, row_logits
         ids, lp = topk(draft_logits, self.spec.rank_cap)
         chosen = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
-                              [s.target.prefix_len for s in drafting], ids, lp, self.spec, self.width)
+                              [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width)
         index = {id(s): j for j, s in enumerate(drafting)}
         for b, seq in enumerate(batch):
             if id(seq) in index:
@@ -191,7 +192,7 @@ class LLMEngine:
         acc = self._walk(seq, tree, logits, draft_logits)
         keep, seq.finish_reason = seq.stop.check(seq.tokens, acc.committed.tolist())
         kept_rows = np.concatenate([[0], acc.path[: min(keep, acc.num_accepted)]]).astype(np.int64)
-        seq.target.cache.compact(kept_rows)
+        self.target.commit(seq.target, kept_rows)
         seq.tokens += acc.committed[:keep].tolist()
         seq.accept_lengths.append(keep)
         seq.budgets.append(tree.size)
@@ -226,7 +227,7 @@ class LLMEngine:
 
     def _beta(self, seq: Sequence) -> float:
         if seq.budget == AUTO and self.width is not None:
-            return float(self.width(seq.target.prefix_len).mass_exponent)
+            return float(self.width(self.target.prefix_len(seq.target)).mass_exponent)
         return 1.0
 
     # ------------------------------------------------------------------ run to completion

@@ -12,7 +12,6 @@ from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.spec_config import METHODS, check_budget
 from runtime.result import GenerationResult, Timings
 from runtime.stopping import StopChecker
-from runtime.target import TargetExecutor
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +48,7 @@ class Sequence:
     request: Request
     method: str  # resolved
     budget: int | str  # resolved: N, or "auto"
-    target: TargetExecutor  # owns the request's target KV cache
+    target: Any  # the backend's per-request state (its target KV cache)
     draft_state: Any  # the drafter's feature cache (None for ar)
     stop: StopChecker
     generator: torch.Generator

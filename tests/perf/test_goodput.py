@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perf.goodput import POLICIES, format_goodput, make_policy, measure_goodput
+from perf.goodput import POLICIES, make_policy, measure_goodput
+from perf.goodput_report import format_goodput
 from runtime.drafter import DrafterExecutor
 from runtime.drafter import random_drafter
 from tests.runtime.doubles import random_target
