@@ -61,27 +61,11 @@ class BuildResult:
 
 
 def load_target(source: str, dtype: torch.dtype) -> tuple[LlamaTarget, str]:
-    """(target forward on CPU in `dtype`, display name) for --target."""
-    if source == "embedded":
-        from runtime.embedded import load_embedded
+    """(target forward on CPU in `dtype`, display name) for --target (the one loader)."""
+    from runtime.loader import load_models
 
-        loaded = load_embedded("cpu", torch.float32)
-        return loaded.model.to(dtype), loaded.name
-    if source == "random":
-        from runtime.serving.engine import random_target
-
-        return random_target(seed=0).to(dtype), "random (seed 0, 2 layers, hidden 64)"
-    path = Path(source)
-    if not path.exists():
-        raise ValueError(f"--target {source!r}: expected 'embedded', 'random', or an existing HF model "
-                         "directory or .gguf file")
-    from transformers import AutoModelForCausalLM
-
-    if path.suffix == ".gguf":
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    else:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return LlamaTarget.from_hf(hf.eval()).to(dtype), str(path)
+    loaded = load_models(source, "none", "cpu", dtype)
+    return loaded.target, loaded.name
 
 
 def plugin_ptx(spec: SkuSpec, target: LlamaTarget, words: int, out: Path) -> dict[str, Any]:

@@ -266,19 +266,11 @@ def to_profile(tables: dict, settings: ProbeSettings, *, sku: str, device: str, 
 
 # ------------------------------------------------------------------------------ loading
 def load_target(spec: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaTarget, Any, str]:
-    """`embedded` (runtime.embedded) or a Hugging Face model directory."""
-    if spec == "embedded":
-        from runtime.embedded import MODEL_NAME, load_embedded
+    """(target, tokenizer, name) for --target, through the one loader (`runtime.loader`)."""
+    from runtime.loader import load_models
 
-        loaded = load_embedded(device, dtype)
-        return loaded.model, loaded.tokenizer, MODEL_NAME
-    path = Path(spec)
-    if not path.is_dir():
-        raise ValueError(f"--target {spec!r}: expected 'embedded' or a Hugging Face model directory")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return LlamaTarget.from_hf(hf).to(device=device, dtype=dtype), AutoTokenizer.from_pretrained(path), path.name
+    loaded = load_models(spec, "none", device, dtype)
+    return loaded.target, loaded.tokenizer, loaded.name
 
 
 def load_probe_drafter(spec: str | None, model: LlamaTarget):

@@ -4,6 +4,7 @@ per test session."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,19 +20,34 @@ torch.set_num_threads(int(os.environ.get("CAST_TEST_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")
-def embedded_hf():
-    """(HF model, tokenizer) of the embedded default target, fp32 on CPU."""
-    from runtime.embedded import EmbeddedModelMissing, load_hf_embedded
+def embedded_checkpoint():
+    """`runtime.loader.HFCheckpoint` of the embedded default target, fp32 on CPU."""
+    from runtime.embedded import EmbeddedModelMissing
+    from runtime.loader import load_hf_checkpoint
 
     try:
-        return load_hf_embedded(torch.float32)
+        return load_hf_checkpoint("embedded", dtype=torch.float32)
     except EmbeddedModelMissing as err:
         pytest.skip(str(err))
 
 
 @pytest.fixture(scope="session")
-def embedded(embedded_hf):
-    """`runtime.embedded.LoadedTarget` over the same weights as `embedded_hf`."""
-    from runtime.embedded import target_from_hf
+def embedded_hf(embedded_checkpoint):
+    """(HF model, tokenizer) of the embedded default target, fp32 on CPU."""
+    return embedded_checkpoint.model, embedded_checkpoint.tokenizer
 
-    return target_from_hf(*embedded_hf)
+
+@pytest.fixture(scope="session")
+def embedded_models(embedded_checkpoint):
+    """`runtime.loader.LoadedModels` (no drafter) over the same weights as `embedded_hf`."""
+    from runtime.loader import models_from_hf
+
+    return models_from_hf(embedded_checkpoint, drafter="none")
+
+
+@pytest.fixture(scope="session")
+def embedded(embedded_models):
+    """The embedded target as `.model`, `.tokenizer`, `.eos_token_ids`, `.name` (the view
+    older tests use; new tests take `embedded_models`)."""
+    m = embedded_models
+    return SimpleNamespace(model=m.target, tokenizer=m.tokenizer, eos_token_ids=m.eos_token_ids, name=m.name)

@@ -4,24 +4,31 @@ A checkpoint directory holds `config.json` (see `DrafterConfig`) and
 `model.safetensors` with the keys `fc.weight`, `hidden_norm.weight`, `norm.weight` and
 `layers.{i}.{self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj,
 input_layernorm, post_attention_layernorm}.weight`. No embedding or lm_head: those are
-the target's. A head with a reduced draft vocabulary (`draft_vocab_size` in config.json)
-also holds `d2t` (int64, EAGLE-3 offsets; see `runtime.drafter.vocab`).
+the target's (a checkpoint that carries copies of them, `embed_tokens.*` / `lm_head.*`,
+loads with them skipped, unread). Weights may be sharded (`model.safetensors.index.json`).
+A head with a reduced draft vocabulary (`draft_vocab_size` in config.json) also holds
+`d2t` (int64, EAGLE-3 offsets; see `runtime.drafter.vocab`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from runtime.drafter.config import WEIGHTS_NAME, DrafterConfig
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import D2T_KEY, d2t_from_ids, ids_from_d2t
 from runtime.model.llama import TargetConfig
+
+INDEX_NAME = "model.safetensors.index.json"
+TARGET_OWNED = ("embed_tokens", "lm_head")  # keys naming these are the target's: skipped
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -49,12 +56,12 @@ def random_drafter(
     """An untrained drafter shaped for `target` (weights ~ N(0, init_std), norms = 1).
 
     Its proposals are nearly useless (acceptance near zero); it exists to exercise the
-    runtime and as a starting point for training. MLP width defaults to the target's and
-    RoPE base to the config default; `extra` goes to config.json as is.
+    runtime and as a starting point for training. MLP width and RoPE (theta and scaling)
+    default to the target's; `extra` goes to config.json as is.
     `draft_vocab_ids` ([Vd] sorted target ids) gives the head a reduced draft vocabulary.
     """
     dvs = None if draft_vocab_ids is None else int(draft_vocab_ids.numel())
-    optional = {"rope_theta": rope_theta, "extra": extra, "draft_vocab_size": dvs}
+    optional = {"extra": extra, "draft_vocab_size": dvs}
     ids = list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(target.num_layers, num_layers)
     cfg = DrafterConfig(
         hidden_size=target.hidden_size,
@@ -68,6 +75,8 @@ def random_drafter(
         mask_token_id=mask_token_id,
         target_layer_ids=tuple(ids),
         rms_norm_eps=target.rms_norm_eps,
+        rope_theta=target.rope_theta if rope_theta is None else rope_theta,
+        rope_scaling=target.rope_scaling,
         num_target_layers=target.num_layers,
         **{k: v for k, v in optional.items() if v is not None},
     )
@@ -153,13 +162,7 @@ def load_drafter(
         raise ValueError(f"drafter checkpoint directory {directory} does not exist")
     cfg = DrafterConfig.load(directory)
     cfg.check_fits(target)
-    weights_path = directory / WEIGHTS_NAME
-    if not weights_path.is_file():
-        raise ValueError(f"drafter checkpoint {directory} has no {WEIGHTS_NAME}")
-    try:
-        tensors = load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"drafter weights {weights_path} are corrupt or unreadable: {err}") from err
+    tensors = _read_weights(directory)
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg)
     expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
@@ -168,12 +171,36 @@ def load_drafter(
     wrong = [f"{k} {tuple(tensors[k].shape)} != {shape}" for k, shape in expected.items() if k in tensors and tuple(tensors[k].shape) != shape]
     if missing or unexpected or wrong:
         parts = [f"missing {missing}" if missing else "", f"unexpected {unexpected}" if unexpected else "", f"wrong shapes {wrong}" if wrong else ""]
-        raise ValueError(f"drafter weights {weights_path} do not match its config: " + "; ".join(p for p in parts if p))
+        raise ValueError(f"drafter weights in {directory} do not match its config: " + "; ".join(p for p in parts if p))
     if D2T_KEY in tensors:
-        _check_d2t(tensors[D2T_KEY], cfg.vocab_size, weights_path)
+        _check_d2t(tensors[D2T_KEY], cfg.vocab_size, directory)
     cast = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in tensors.items()}
     drafter.load_state_dict(cast, assign=True)
     return drafter.eval().requires_grad_(False)
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint except the target-owned ones (never read)."""
+    index = directory / INDEX_NAME
+    if (directory / WEIGHTS_NAME).is_file():
+        files = [directory / WEIGHTS_NAME]
+    elif index.is_file():
+        try:
+            files = [directory / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"drafter {index} is not a safetensors index: {err}") from err
+    else:
+        raise ValueError(f"drafter checkpoint {directory} has no {WEIGHTS_NAME} (nor {INDEX_NAME})")
+    tensors = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    if not any(part in TARGET_OWNED for part in key.split(".")):
+                        tensors[key] = f.get_tensor(key)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"drafter weights {path} are corrupt or unreadable: {err}") from err
+    return tensors
 
 
 def _check_d2t(d2t: torch.Tensor, vocab_size: int, path: Path) -> None:

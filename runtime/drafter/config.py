@@ -2,8 +2,11 @@
 
 DFlash-specific fields live under `dflash_config` (`mask_token_id`,
 `target_layer_ids`); `block_size` sits at the top level (L+1: the pending root plus
-L mask slots). The rest are standard Qwen3 fields. Unknown fields are kept and written
-back on save.
+L mask slots). The rest are standard Qwen3 fields (`rope_theta`, `rope_scaling` or
+`rope_parameters`, `layer_types`, `max_window_layers`, …) as z-lab publishes them.
+Unknown fields are kept and written back on save. What the runtime's drafter does not
+compute (sliding-window or causal layers, attention biases, logit multipliers or
+softcaps, DFlash2 heads, RoPE other than default/linear/llama3) is refused here.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from runtime.model.layers import COMPUTED_ROPE_TYPES, RopeScaling, Rotary, rope_inv_freq, rope_scaling_of
 from runtime.model.llama import TargetConfig
 
 CONFIG_NAME = "config.json"
@@ -42,6 +46,7 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...]
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    rope_scaling: RopeScaling = ()  # canonical form, see runtime.model.layers.rope_scaling_of
     num_target_layers: int | None = None
     draft_vocab_size: int | None = None  # reduced draft vocabulary (EAGLE-3 `d2t` map); None = full
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -83,6 +88,12 @@ class DrafterConfig:
             problems.append(f"target_layer_ids {bad} are outside the target's {target.num_layers} layers")
         if self.num_target_layers is not None and self.num_target_layers != target.num_layers:
             problems.append(f"num_target_layers {self.num_target_layers} != target's {target.num_layers} layers")
+        # DFlash heads are trained with the target's own RoPE; a different one is a config slip
+        if self.rope_theta != target.rope_theta:
+            problems.append(f"rope_theta {self.rope_theta:g} != target rope_theta {target.rope_theta:g}")
+        if self.rope_scaling != target.rope_scaling:
+            problems.append(f"rope_scaling {dict(self.rope_scaling) or None} != target rope_scaling "
+                            f"{dict(target.rope_scaling) or None}")
         if problems:
             raise ValueError("drafter does not fit the target: " + "; ".join(problems))
 
@@ -95,13 +106,10 @@ class DrafterConfig:
                 missing.append(f"dflash_config.{key}")
         if missing:
             raise ValueError(f"drafter config.json lacks required fields: {', '.join(missing)}")
-        if raw.get("attention_bias"):
-            raise ValueError("drafter config.json sets attention_bias, which DFlash heads do not use")
-        rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"drafter rope scaling {rope} is not supported (only default RoPE)")
+        _check_computable(raw, dflash)
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         heads = int(raw["num_attention_heads"])
-        known = {f.name for f in fields(DrafterConfig)} | {"dflash_config"}
+        known = {f.name for f in fields(DrafterConfig)} | {"dflash_config", "rope_parameters"}
         return DrafterConfig(
             hidden_size=int(raw["hidden_size"]),
             num_attention_heads=heads,
@@ -114,7 +122,8 @@ class DrafterConfig:
             mask_token_id=int(dflash.get("mask_token_id", raw.get("mask_token_id"))),
             target_layer_ids=tuple(int(i) for i in dflash.get("target_layer_ids", raw.get("target_layer_ids"))),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 1_000_000.0))),
+            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0),
+            rope_scaling=rope_scaling_of(rope),
             num_target_layers=raw.get("num_target_layers"),
             draft_vocab_size=raw.get("draft_vocab_size"),
             extra={k: v for k, v in raw.items() if k not in known},
@@ -125,6 +134,7 @@ class DrafterConfig:
         for optional in ("num_target_layers", "draft_vocab_size"):
             if raw[optional] is None:
                 del raw[optional]
+        raw["rope_scaling"] = dict(self.rope_scaling) or None
         defaults = {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -138,6 +148,10 @@ class DrafterConfig:
             **raw,
             "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
         }
+
+    def rotary(self) -> Rotary:
+        """The head's RoPE (its own theta and scaling; equal to the target's by `check_fits`)."""
+        return Rotary(rope_inv_freq(self.head_dim, self.rope_theta, self.rope_scaling))
 
     @staticmethod
     def load(directory: Path) -> "DrafterConfig":
@@ -157,3 +171,30 @@ class DrafterConfig:
 
     def save(self, directory: Path) -> None:
         (Path(directory) / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _check_computable(raw: dict[str, Any], dflash: dict[str, Any]) -> None:
+    """ValueError naming every field of a (z-lab format) config the drafter does not compute."""
+    n = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is None:  # Qwen3Config's rule when layer_types is absent
+        window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
+        first = raw.get("max_window_layers", n)
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
+    not_full = [i for i, t in enumerate(types) if t != "full_attention"]
+    rope_type = dict(rope_scaling_of(raw.get("rope_parameters") or raw.get("rope_scaling"))).get("rope_type", "default")
+    arch = raw.get("architectures") or ["DFlashDraftModel"]
+    neutral = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
+    knobs = {k: dflash.get(k, raw.get(k)) for k in neutral}
+    problems = [
+        f"architectures {arch} (only DFlashDraftModel)" if arch != ["DFlashDraftModel"] else "",
+        "attention_bias (DFlash heads have none)" if raw.get("attention_bias") else "",
+        f"non-full-attention layers {not_full}" if not_full else "",
+        "is_causal (DFlash blocks attend without a mask)" if raw.get("is_causal") else "",
+        f"RoPE type {rope_type!r} (supported: {', '.join(COMPUTED_ROPE_TYPES)})"
+        if rope_type not in COMPUTED_ROPE_TYPES else "",
+        *(f"{k} {v}" for k, v in knobs.items() if v is not None and float(v) != neutral[k]),
+    ]
+    if any(problems):
+        raise ValueError("drafter config.json asks for what the runtime's DFlash drafter does not compute: "
+                         + "; ".join(p for p in problems if p))

@@ -17,7 +17,7 @@ from runtime.batch_forward import RaggedCaches, RaggedTreeAttention
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead
 from runtime.kv_cache import KVCache
-from runtime.model.layers import Rotary, default_inv_freq
+from runtime.model.layers import Rotary
 from runtime.model.llama import LlamaTarget
 
 
@@ -27,7 +27,7 @@ def bind_to_target(drafter: DFlashDrafter, target: LlamaTarget) -> tuple[DFlashD
     cfg = drafter.config
     cfg.check_fits(target.config)
     weight = target.lm_head.weight
-    rotary = Rotary(default_inv_freq(cfg.head_dim, cfg.rope_theta)).to(weight.device)
+    rotary = cfg.rotary().to(weight.device)
     return drafter.to(device=weight.device, dtype=weight.dtype), rotary
 
 

@@ -2,13 +2,16 @@
 
 `build_engine(target, drafter, spec, ...)` loads the models with `runtime.loader`
 (`--target embedded | <HF dir> | <file.gguf>`, `--drafter default | <dir> | none`),
-picks the device/dtype/threads, and gives `budget: auto` its width rule: the width
-profile named in the spec, else the probe-measured profile shipped for this target,
-dtype and device.
+picks the device and — unless the caller fixes them — the fastest dtype and thread count
+measured for this model on this machine (`runtime.engine.autoconfig`, cached), and gives
+`budget: auto` its width rule: the width profile named in the spec, else the
+probe-measured profile shipped for this target, dtype and device.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -26,6 +29,7 @@ class Built:
     models: Any  # runtime.loader.LoadedModels
     device: torch.device
     width_profile: str | None  # the profile `auto` uses (None: auto unavailable)
+    execution: str = "as asked"  # how dtype/threads were chosen
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         from runtime.loader import encode_prompt
@@ -43,6 +47,7 @@ class Built:
             "block_positions_L": None if drafter is None else drafter.num_draft_positions,
             "rank_cap_K": self.engine.spec.rank_cap, "width_profile": self.width_profile,
             "width_rule": self.engine.spec.width_rule, "draft_gate": self.engine.spec.draft_gate,
+            "backend": self.engine.target.name, "execution": self.execution,
         }
 
 
@@ -78,20 +83,50 @@ def width_source(spec: SpecConfig, target_name: str, dtype: torch.dtype, device:
     return (lambda prefix_len: for_bucket(profile.prefix_bucket(prefix_len))), path
 
 
+def _stderr(message: str) -> None:
+    print(f"[cast-trtllm] {message}", file=sys.stderr, flush=True)
+
+
 def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecConfig = SpecConfig(),
                  device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
-                 threads: int | None = None) -> Built:
-    """Load the models once and build the engine every command runs."""
+                 threads: int | None = None, say=_stderr) -> Built:
+    """Load the models once and build the engine every command runs.
+
+    dtype None/"auto" on a CPU: the fastest (dtype, threads) measured for this model on
+    this machine, from the cache or a first-use probe (`say` reports which, and why).
+    """
+    from runtime.device import device_name
     from runtime.drafter.executor import DrafterExecutor
+    from runtime.engine import autoconfig
     from runtime.loader import load_models
 
+    dev = resolve_device(device)
+    auto = dtype in (None, "auto") and dev.type == "cpu"
+    choice, execution = None, "as asked"
+    if auto:
+        key = autoconfig.cache_key(device_name(dev), target)
+        choice = autoconfig.cached_choice(key)
+        if choice is not None:
+            dtype, execution = choice.dtype, f"cached: {choice.describe()}"
     if threads is not None:
         torch.set_num_threads(threads)
-    dev = resolve_device(device)
-    models = load_models(target, drafter, dev, dtype)
+    models = load_models(target, drafter, dev, None if dtype == "auto" else dtype)
+    if auto and choice is None:
+        say("measuring the fastest execution configuration for this model on this machine (once; cached)")
+        choice = autoconfig.measure(models.target, dev, device_name(dev), key, say)
+        path = autoconfig.save_choice(choice)
+        execution = f"measured now (cache {path}): {choice.describe()}"
+        if getattr(torch, choice.dtype) != models.dtype:
+            models = dataclasses.replace(models, target=models.target.to(getattr(torch, choice.dtype)),
+                                         dtype=getattr(torch, choice.dtype))
+    if choice is not None and threads is None:
+        torch.set_num_threads(choice.threads)
+    if auto:
+        say(f"execution: torch {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
+            f"({execution})")
     draft = None if models.drafter is None else DrafterExecutor(models.drafter, models.target)
     width, path = (None, None)
     if draft is not None:
         width, path = width_source(spec, models.name, models.dtype, dev, draft.mass_exponent)
     engine = LLMEngine(models.target, draft, models.tokenizer, models.eos_token_ids, spec, width)
-    return Built(engine, models, dev, path)
+    return Built(engine, models, dev, path, execution)

@@ -7,6 +7,9 @@ model to rounding.
 
 from __future__ import annotations
 
+import math
+from typing import Any, Mapping
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -54,6 +57,47 @@ class Rotary(nn.Module):
 def default_inv_freq(head_dim: int, rope_theta: float) -> torch.Tensor:
     """[head_dim/2] inverse frequencies of unscaled RoPE."""
     return 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+# RoPE scaling in a canonical, hashable form: sorted (key, value) pairs of the HF
+# `rope_scaling` / `rope_parameters` dict, `rope_type` included, `rope_theta` left out;
+# () means plain (unscaled) RoPE.
+RopeScaling = tuple[tuple[str, Any], ...]
+COMPUTED_ROPE_TYPES = ("default", "linear", "llama3")  # what `rope_inv_freq` computes
+
+
+def rope_scaling_of(params: Mapping[str, Any] | None) -> RopeScaling:
+    """The canonical form of an HF RoPE dict (None or rope_type "default": ())."""
+    params = dict(params or {})
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    params.pop("rope_theta", None)
+    if rope_type == "default":
+        return ()
+    return (("rope_type", rope_type), *sorted(params.items()))
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float, scaling: RopeScaling = ()) -> torch.Tensor:
+    """[head_dim/2] inverse frequencies with the scaling applied (HF's static rules)."""
+    inv_freq = default_inv_freq(head_dim, rope_theta)
+    params = dict(scaling)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        # Llama 3.1: long wavelengths divided by `factor`, short kept, a smooth blend between
+        factor, low, high = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old_len = float(params["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+    supported = ", ".join(COMPUTED_ROPE_TYPES)
+    raise ValueError(f"RoPE scaling type {rope_type!r} is not supported here (supported: {supported})")
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

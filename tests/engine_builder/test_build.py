@@ -12,27 +12,30 @@ from engine_builder.build import plugin_ptx
 from engine_builder.cli import build
 from engine_builder.skus import load_sku
 from plugins.tree_attention.trt_plugin import tensorrt_status
-from runtime.drafter.checkpoint import random_drafter, save_drafter
-from runtime.serving.engine import random_target
+from tests.runtime.doubles import random_target
+from tests.runtime.hf_checkpoints import write_tiny_checkpoint, write_tiny_drafter
 
 pytestmark = pytest.mark.skipif(tensorrt_status() is None, reason="TensorRT is importable here: engines would be built")
 
 
 @pytest.fixture(scope="module")
-def drafter_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("drafter")
-    target = random_target(seed=0)  # the `--target random` model
-    save_drafter(random_drafter(target.config, num_layers=1, block_size=5, target_layer_ids=(0,)), path)
-    return path
+def target_dir(tmp_path_factory):
+    """A tiny random HF Llama checkpoint (2 layers): `--target DIR` through the one loader."""
+    return write_tiny_checkpoint("llama", tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, target_dir):
+    return write_tiny_drafter(target_dir, tmp_path_factory.mktemp("drafter"), block_size=5)
 
 
 def run(*args: str):
     return CliRunner().invoke(build, list(args), catch_exceptions=False)
 
 
-def test_build_without_tensorrt_writes_graphs_and_manifest_then_stops_with_the_reason(tmp_path, drafter_dir):
+def test_build_without_tensorrt_writes_graphs_and_manifest_then_stops_with_the_reason(tmp_path, target_dir, drafter_dir):
     out = tmp_path / "build"
-    result = run("--sku", "cpu", "--target", "random", "--num-layers", "1", "--drafter", str(drafter_dir),
+    result = run("--sku", "cpu", "--target", str(target_dir), "--num-layers", "1", "--drafter", str(drafter_dir),
                  "--out", str(out))
     assert result.exit_code == 1
     assert "TensorRT is not importable" in result.output and "manifest.json" in result.output
@@ -40,7 +43,7 @@ def test_build_without_tensorrt_writes_graphs_and_manifest_then_stops_with_the_r
     spec = load_sku("cpu")
     assert manifest["sku"]["name"] == "cpu" and manifest["sku"]["packed_buckets"] == list(spec.packed_buckets)
     assert manifest["target"] | {"config": None} == {
-        "source": "random", "name": manifest["target"]["name"], "exported_layers": 1, "full_layers": 2,
+        "source": str(target_dir), "name": manifest["target"]["name"], "exported_layers": 1, "full_layers": 2,
         "truncated": True, "config": None}
     assert set(manifest["graphs"]) == {"verify_onnx", "verify_plugin", "draft", "context"}
     for record in manifest["graphs"].values():
@@ -56,10 +59,11 @@ def test_build_without_tensorrt_writes_graphs_and_manifest_then_stops_with_the_r
     assert manifest["versions"]["torch"] and manifest["versions"]["onnx"]
 
 
-def test_bucket_max_shape_runs_in_onnxruntime(tmp_path, drafter_dir):
+def test_bucket_max_shape_runs_in_onnxruntime(tmp_path, target_dir):
     ort = pytest.importorskip("onnxruntime")
     out = tmp_path / "build"
-    result = run("--sku", "cpu", "--target", "random", "--out", str(out), "--flavour", "onnx", "--onnx-only", "--json")
+    result = run("--sku", "cpu", "--target", str(target_dir), "--out", str(out), "--flavour", "onnx", "--onnx-only",
+                 "--json")
     assert result.exit_code == 0, result.output
     manifest = json.loads(result.stdout)
     assert set(manifest["graphs"]) == {"verify_onnx"} and manifest["drafter"] is None
@@ -77,8 +81,8 @@ def test_bucket_max_shape_runs_in_onnxruntime(tmp_path, drafter_dir):
     assert keys.shape[1] == n
 
 
-def test_unknown_sku_is_a_clear_error(tmp_path):
-    result = run("--sku", "no-such-gpu", "--target", "random", "--out", str(tmp_path))
+def test_unknown_sku_is_a_clear_error(tmp_path, target_dir):
+    result = run("--sku", "no-such-gpu", "--target", str(target_dir), "--out", str(tmp_path))
     assert result.exit_code == 1 and "unknown SKU 'no-such-gpu'" in result.output
 
 

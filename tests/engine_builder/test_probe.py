@@ -12,21 +12,15 @@ from click.testing import CliRunner
 from cast_trtllm.profile import load_profile, save_profile
 from engine_builder.probe import Bench, ProbeSettings, Timer, measure, probe, time_grid, to_profile
 from runtime.drafter import random_drafter
-from runtime.serving.engine import random_target
+from tests.runtime.doubles import random_target
 
 TINY = ProbeSettings(prefix_lengths=(32,), packed_counts=(1, 4), warmup=1, iters=2)
 
 
 @pytest.fixture(scope="module")
-def embedded():
-    from runtime.embedded import EmbeddedModelMissing, load_embedded
-
-    try:
-        loaded = load_embedded("cpu", torch.float32)
-    except EmbeddedModelMissing as err:
-        pytest.skip(str(err))
-    drafter = random_drafter(loaded.model.config, num_layers=1, block_size=5)
-    return loaded.model, loaded.tokenizer, drafter
+def embedded(embedded_models):
+    drafter = random_drafter(embedded_models.target.config, num_layers=1, block_size=5)
+    return embedded_models.target, embedded_models.tokenizer, drafter
 
 
 @pytest.fixture(scope="module")

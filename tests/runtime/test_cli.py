@@ -12,15 +12,30 @@ from runtime.drafter.config import WEIGHTS_NAME
 from tests.runtime.doubles import tiny_target
 
 
-@pytest.fixture
-def run(embedded, monkeypatch):
-    """Invoke the CLI in-process on the session's already-loaded embedded target."""
-    import runtime.embedded
+@pytest.fixture(scope="session")
+def exec_cache(tmp_path_factory):
+    """One cache of the measured execution choice for the whole session (measured once)."""
+    return tmp_path_factory.mktemp("cast-cache")
 
-    monkeypatch.setattr(runtime.embedded, "load_embedded", lambda device, dtype: embedded)
+
+@pytest.fixture
+def run(embedded_checkpoint, exec_cache, monkeypatch):
+    """Invoke the CLI in-process; the one loader reuses the session's already-read checkpoint."""
+    import torch
+
+    import runtime.loader
+    from runtime.loader import models_from_hf
+
+    monkeypatch.setenv("CAST_CACHE_DIR", str(exec_cache))
+    monkeypatch.setattr(runtime.loader, "load_models",
+                        lambda target, drafter, device, dtype: models_from_hf(embedded_checkpoint, drafter))
 
     def invoke(*args):
-        return CliRunner().invoke(main, ["generate", *args])
+        threads = torch.get_num_threads()
+        try:
+            return CliRunner().invoke(main, ["generate", *args])
+        finally:
+            torch.set_num_threads(threads)  # the CLI applies the measured thread count
 
     return invoke
 
@@ -30,8 +45,8 @@ def test_main_job_command_prints_text_and_summary(run):
     assert result.exit_code == 0, result.output
     from runtime.drafter import DEFAULT_DRAFTER
 
-    shipped = (DEFAULT_DRAFTER / "config.json").is_file()
-    assert ("random DFlash head" in result.stderr) != shipped  # warns only without a shipped head
+    assert (DEFAULT_DRAFTER / "config.json").is_file()
+    assert "execution: torch float32" in result.stderr or "execution: torch bfloat16" in result.stderr
     for label in ("rounds", "mean committed length R", "decode ms/token", "tokens/s"):
         assert label in result.output
 
@@ -65,8 +80,8 @@ def test_sampled_generation_is_reproducible_with_a_seed(run):
         (["--prompt", "hi", "--top-p", "0"], "--top-p"),
         (["--prompt", "hi", "--top-p", "1.5"], "--top-p"),
         (["--prompt", "hi", "--top-k", "-1"], "--top-k"),
-        (["--prompt", "hi", "--budget", "0"], "budget must be >= 1"),
-        (["--prompt", "hi", "--budget", "wide"], "neither an integer nor 'auto'"),
+        (["--prompt", "hi", "--budget", "-1"], "budget must be 'auto' or an integer >= 0"),
+        (["--prompt", "hi", "--budget", "wide"], "budget must be 'auto' or an integer >= 0"),
         (["--prompt", "hi", "--method", "beam"], "--method"),
     ],
 )
@@ -77,15 +92,21 @@ def test_bad_arguments_are_click_errors_before_loading(args, message):
 
 
 def test_prompt_longer_than_the_context_window_is_rejected(run):
-    result = run("--prompt", "word " * 9000, "--no-chat")
-    assert result.exit_code == 2 and "context window holds 8192" in result.output
+    result = run("--prompt", "word " * 9000, "--no-chat", "--dtype", "float32")
+    assert result.exit_code == 1 and "context window holds 8192" in result.output
 
 
 def test_budget_auto_with_an_unreadable_profile_names_it(run, tmp_path):
     bad = tmp_path / "profile.json"
     bad.write_text("{not json")
-    result = run("--prompt", "hi", "--budget", "auto", "--profile", str(bad))
-    assert result.exit_code == 2 and "--profile" in result.output and "Traceback" not in result.output
+    result = run("--prompt", "hi", "--budget", "auto", "--profile", str(bad), "--dtype", "float32")
+    assert result.exit_code == 1 and "profile.json" in result.output and "Traceback" not in result.output
+
+
+def test_budget_beyond_what_the_drafter_offers_is_refused_with_a_message(run):
+    result = run("--prompt", "hi", "--budget", "100000", "--dtype", "float32")
+    assert result.exit_code == 1 and "budget 100000 exceeds the 120 nodes the drafter can offer" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_budget_auto_uses_the_shipped_measured_cpu_profile():
@@ -98,16 +119,16 @@ def test_budget_auto_uses_the_shipped_measured_cpu_profile():
 
 
 def test_drafter_problems_are_named(run, tmp_path):
-    missing = run("--prompt", "hi", "--drafter", str(tmp_path / "absent"))
-    assert missing.exit_code == 2 and "does not exist" in missing.output
+    missing = run("--prompt", "hi", "--drafter", str(tmp_path / "absent"), "--dtype", "float32")
+    assert missing.exit_code == 1 and "is not a directory" in missing.output
     save_drafter(random_drafter(tiny_target()[1].config), tmp_path / "tiny")  # made for another target
-    mismatch = run("--prompt", "hi", "--drafter", str(tmp_path / "tiny"))
-    assert mismatch.exit_code == 2 and "vocab_size 64 != target vocab_size 49152" in mismatch.output
+    mismatch = run("--prompt", "hi", "--drafter", str(tmp_path / "tiny"), "--dtype", "float32")
+    assert mismatch.exit_code == 1 and "vocab_size 64 != target vocab_size 49152" in mismatch.output
     assert "hidden_size 64 != target hidden_size 576" in mismatch.output
     save_drafter(random_drafter(_embedded_cfg()), tmp_path / "good")
     (tmp_path / "good" / WEIGHTS_NAME).write_bytes(b"junk")
-    corrupt = run("--prompt", "hi", "--drafter", str(tmp_path / "good"))
-    assert corrupt.exit_code == 2 and "corrupt or unreadable" in corrupt.output
+    corrupt = run("--prompt", "hi", "--drafter", str(tmp_path / "good"), "--dtype", "float32")
+    assert corrupt.exit_code == 1 and "corrupt or unreadable" in corrupt.output
     assert all("Traceback" not in r.output for r in (missing, mismatch, corrupt))
 
 
@@ -115,11 +136,31 @@ def _embedded_cfg():
     from runtime.model.llama import TargetConfig
 
     return TargetConfig(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
-                        intermediate_size=1536, rms_norm_eps=1e-5, context_window=8192)
+                        intermediate_size=1536, rms_norm_eps=1e-5, context_window=8192, rope_theta=100_000.0)
 
 
 def test_help_documents_every_flag():
     text = CliRunner().invoke(main, ["generate", "--help"]).output
     for flag in ("--prompt", "--method", "--budget", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
-                 "--seed", "--drafter", "--json", "--threads", "--chat / --no-chat", "--stop", "--device", "--dtype", "--profile"):
+                 "--seed", "--drafter", "--json", "--threads", "--chat / --no-chat", "--stop", "--device", "--dtype", "--profile",
+                 "--target", "--rank-cap", "--extra-llm-api-options", "--ignore-eos"):
         assert flag in text, flag
+
+
+def test_trtllm_dflash_yaml_runs_generate_as_the_chain(run, tmp_path):
+    from runtime.drafter import DEFAULT_DRAFTER
+    from runtime.drafter.config import DrafterConfig
+
+    cfg = DrafterConfig.load(DEFAULT_DRAFTER)
+    path = tmp_path / "dflash.yaml"
+    path.write_text(  # TensorRT-LLM's DFlash block, as its documentation writes it
+        "speculative_config:\n  decoding_type: DFlash\n  max_draft_len: 15\n"
+        f"  speculative_model: {DEFAULT_DRAFTER}\n  mask_token_id: {cfg.mask_token_id}\n"
+        f"  target_layer_ids: {list(cfg.target_layer_ids)}\n  acceptance_rate_threshold: 0.1\n"
+        "  acceptance_rate_window_size: 8\n  max_concurrency: 32\n")
+    result = run("--prompt", "Count: 1, 2, 3,", "--no-chat", "--max-new-tokens", "8", "--json", "--dtype", "float32",
+                 "--extra-llm-api-options", str(path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["method"] == "chain"
+    assert "decoding_type DFlash -> method chain" in result.stderr
+    assert "acceptance_rate_threshold: ignored" in result.stderr

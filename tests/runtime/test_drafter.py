@@ -36,10 +36,10 @@ def _taps(model, ids):
 
 def _draft(drafter, model, taps_chunks, root):
     ex = DrafterExecutor(drafter, model)
-    ex.reset(64)
+    state = ex.new_state(64)
     for taps in taps_chunks:
-        ex.append_context(taps)
-    return ex.draft(root)
+        ex.append_context(state, taps)
+    return ex.draft([state], [root])[0]  # [L, V]
 
 
 def test_draft_returns_one_marginal_per_future_position(target, drafter):
@@ -102,6 +102,9 @@ def _edit_config(path, **changes):
         ({"hidden_size": 32}, "hidden_size 32 != target hidden_size 64"),
         ({"target_layer_ids": [0, 7]}, r"target_layer_ids \[7\] are outside"),
         ({"num_target_layers": 30}, "num_target_layers 30"),
+        ({"rope_theta": 500000.0}, "rope_theta 500000 != target rope_theta 10000"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+         r"rope_scaling \{'rope_type': 'linear', 'factor': 2.0\} != target rope_scaling None"),
     ],
 )
 def test_drafter_that_does_not_fit_the_target_is_rejected(tmp_path, target, drafter, changes, message):
@@ -109,6 +112,61 @@ def test_drafter_that_does_not_fit_the_target_is_rejected(tmp_path, target, draf
     _edit_config(tmp_path, **changes)
     with pytest.raises(ValueError, match=message):
         load_drafter(tmp_path, target[1].config)
+
+
+def test_every_misfit_is_named_in_one_error(tmp_path, target, drafter):
+    save_drafter(drafter, tmp_path)
+    _edit_config(tmp_path, hidden_size=32, vocab_size=65, target_layer_ids=[9], rope_theta=1e6)
+    with pytest.raises(ValueError, match="vocab_size 65 != .*; hidden_size 32 != .*; target_layer_ids .*; "
+                                         r"rope_theta 1e\+06 != target rope_theta 10000"):
+        load_drafter(tmp_path, target[1].config)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"layer_types": ["full_attention", "sliding_attention"]}, r"non-full-attention layers \[1\]"),
+        ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}, r"non-full-attention layers \[1\]"),
+        ({"is_causal": True}, "is_causal"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"architectures": ["DFlash2DraftModel"]}, "architectures"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn'"),
+    ],
+)
+def test_config_fields_the_drafter_does_not_compute_are_refused(tmp_path, target, drafter, changes, message):
+    save_drafter(drafter, tmp_path)
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(ValueError, match="does not compute: .*" + message):
+        load_drafter(tmp_path, target[1].config)
+
+
+def test_drafter_rope_equals_hf_for_llama3_scaling():
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    from runtime.drafter import DrafterConfig
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    raw = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+           "intermediate_size": 128, "num_hidden_layers": 1, "vocab_size": 64, "block_size": 4,
+           "rope_theta": 500000.0, "rope_scaling": scaling, "max_position_embeddings": 512,
+           "dflash_config": {"mask_token_id": 0, "target_layer_ids": [1]}}
+    ours = DrafterConfig.from_dict(raw).rotary()
+    hf = Qwen3RotaryEmbedding(Qwen3Config(**{k: v for k, v in raw.items() if k != "rope_scaling"},
+                                          rope_parameters=scaling | {"rope_theta": 500000.0}))
+    assert torch.equal(ours.inv_freq, hf.inv_freq) and hf.attention_scaling == ours.attention_scaling == 1.0
+
+
+def test_target_copies_in_the_safetensors_are_skipped(tmp_path, target, drafter):
+    from safetensors.torch import load_file, save_file
+
+    save_drafter(drafter, tmp_path)
+    tensors = load_file(str(tmp_path / WEIGHTS_NAME))
+    tensors["embed_tokens.weight"], tensors["lm_head.weight"] = torch.zeros(64, 64), torch.zeros(64, 64)
+    save_file(tensors, str(tmp_path / WEIGHTS_NAME))
+    assert "embed_tokens.weight" not in load_drafter(tmp_path, target[1].config).state_dict()
 
 
 def test_missing_or_corrupt_checkpoint_files_are_named(tmp_path, target, drafter):
@@ -153,10 +211,13 @@ def _reference_dflash():
     return DFlashDraftModel, extract_context_feature
 
 
-def test_marginals_match_reference_dflash_on_one_random_checkpoint(tmp_path, target, drafter):
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_marginals_match_reference_dflash_on_one_random_checkpoint(tmp_path, model_type):
     """Parity with z-lab's DFlashDraftModel.forward + compute_logits (same checkpoint)."""
     DFlashDraftModel, extract_context_feature = _reference_dflash()
-    hf, model = target
+    hf, model = tiny_target(model_type)
+    drafter = random_drafter(model.config, num_layers=2, block_size=BLOCK, target_layer_ids=LAYER_IDS, seed=1,
+                             mask_token_id=63)
     save_drafter(drafter, tmp_path)
     reference = DFlashDraftModel.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
     ids, root = [5, 6, 7, 8, 9], 10
@@ -172,3 +233,17 @@ def test_marginals_match_reference_dflash_on_one_random_checkpoint(tmp_path, tar
         expected = reference.compute_logits(out[:, 1:], hf.lm_head)[0]
     ours = _draft(drafter, model, [context[0, :2], context[0, 2:]], root)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_zlab_format_checkpoint_gives_the_reference_its_rope(tmp_path):
+    """A published-layout config.json (llama3 rope_scaling) means the same RoPE to both."""
+    DFlashDraftModel, _ = _reference_dflash()
+    from runtime.drafter import DrafterConfig
+
+    from tests.runtime.hf_checkpoints import write_tiny_checkpoint, write_tiny_drafter
+
+    head = write_tiny_drafter(write_tiny_checkpoint("llama", tmp_path / "llama"), tmp_path / "dflash")
+    reference = DFlashDraftModel.from_pretrained(str(head), dtype=torch.float32)
+    ours = DrafterConfig.load(head).rotary()
+    assert torch.equal(ours.inv_freq, reference.rotary_emb.inv_freq)
+    assert reference.target_layer_ids == list(DrafterConfig.load(head).target_layer_ids)

@@ -5,8 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.decoder import DecodeConfig, Decoder
+from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter, with_draft_vocab
+from runtime.engine import LLMEngine, Request
 from runtime.drafter.config import WEIGHTS_NAME
 from runtime.drafter.vocab import DraftHead, coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
 from runtime.target import TargetExecutor
@@ -78,7 +79,7 @@ def test_a_d2t_that_names_ids_outside_the_target_vocab_is_rejected(tmp_path, mod
 def test_greedy_decoding_with_a_reduced_vocab_head_equals_ar(model):
     vocab = torch.arange(0, 64, 3)  # a third of the vocabulary: most target tokens are unnameable
     drafter = DrafterExecutor(random_drafter(model.config, block_size=6, draft_vocab_ids=vocab, seed=2), model)
-    dec = Decoder(TargetExecutor(model, drafter.tap_layer_ids), drafter)
-    ar = Decoder(TargetExecutor(model), None).generate([4, 5, 6], DecodeConfig("ar", max_new_tokens=30)).token_ids
-    for method, budget in (("chain", 1), ("cast", 15)):
-        assert dec.generate([4, 5, 6], DecodeConfig(method, budget, max_new_tokens=30)).token_ids == ar
+    engine = LLMEngine(model, drafter)
+    ar = LLMEngine(model, None, spec=SpecConfig(method="ar")).generate([Request([4, 5, 6], 30)])[0].token_ids
+    for method, budget in (("chain", None), ("cast", 15)):
+        assert engine.generate([Request([4, 5, 6], 30, method=method, budget=budget)])[0].token_ids == ar

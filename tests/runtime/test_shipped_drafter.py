@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
+from drafter_builder.blocks import FrozenTarget
+from drafter_builder.replay import score_anchors
 from runtime.decoder import DecodeConfig, Decoder
 from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter
 from runtime.drafter.config import CONFIG_NAME, WEIGHTS_NAME
-from runtime.drafter.replay import score_anchors
-from runtime.drafter.train import FrozenTarget
-from runtime.embedded import encode_prompt
+from runtime.loader import encode_prompt
 from runtime.target import TargetExecutor
 
 PROMPTS = [  # fixed, not from any training or evaluation pool

@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from cast_trtllm.tree import Tree
+from runtime.model.llama import LlamaTarget, TargetConfig
 from runtime.target import TargetExecutor
 
 from tests.runtime.doubles import tiny_target
+from tests.runtime.hf_checkpoints import FAMILIES, tiny_hf_model
 
 
 def _tree(parent, tokens):
@@ -34,6 +36,41 @@ def test_prefill_logits_and_taps_equal_hf(model_type):
     out = ex.prefill(torch.tensor(ids))
     assert torch.allclose(out.logits[0], ref_logits[-1], rtol=1e-5, atol=1e-4)
     assert torch.allclose(out.taps, torch.cat([hidden[1], hidden[3]], dim=-1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_equals_hf_with_its_biases_norms_and_rope(family):
+    """llama: llama3 RoPE scaling, untied head; qwen2: random q/k/v biases; qwen3: q/k norm."""
+    hf = tiny_hf_model(family)
+    model = LlamaTarget.from_hf(hf)
+    assert model.config.attention_bias == (family == "qwen2") and not model.config.o_proj_bias
+    assert model.layers[0].self_attn.q_proj.bias is None or model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    ids = [257, 3, 17, 5, 42, 9, 11, 60, 2, 258]
+    ref_logits, hidden = _hf_logits_and_hidden(hf, ids)
+    ex = TargetExecutor(model, tap_layer_ids=[0, 1])
+    ex.reset(32)
+    out = ex.prefill(torch.tensor(ids))
+    assert (out.logits[0] - ref_logits[-1]).abs().max().item() <= 1e-4
+    assert torch.allclose(out.taps, torch.cat([hidden[1], hidden[2]], dim=-1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "model_type, changes, message",
+    [
+        ("gpt2", {}, "model_type 'gpt2' is not supported; supported: llama, qwen2, qwen3"),
+        ("llama", {"mlp_bias": True}, "mlp_bias"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+         "RoPE type 'dynamic'"),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}, "sliding-window"),
+    ],
+)
+def test_checkpoint_features_the_forward_does_not_compute_are_refused(model_type, changes, message):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, num_hidden_layers=2, **changes)
+    with pytest.raises(ValueError, match=message):
+        TargetConfig.from_hf(config)
 
 
 def test_packed_tree_verify_equals_separate_causal_passes():

@@ -97,7 +97,7 @@ def test_triton_backend_verify_logits_equal_sdpa_on_random_target():
 @pytest.fixture(scope="module")
 def embedded_case(embedded):
     """(model, prompt ids) over the session's embedded target (tests/conftest.py)."""
-    from runtime.embedded import encode_prompt
+    from runtime.loader import encode_prompt
 
     prompt = encode_prompt(embedded.tokenizer, "Write a Python function that reverses a list.", chat=True)
     return embedded.model, torch.tensor(prompt)

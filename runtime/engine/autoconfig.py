@@ -1,0 +1,123 @@
+"""Fast by default: measure, once per machine and model, which execution configuration
+(dtype × CPU threads) runs the target fastest, and cache the answer.
+
+What is fastest depends on the machine that runs it (CPU vendor and ISA — bf16 is fast
+with AVX512-BF16/AMX and slow without —, cores, threads), so nothing here is assumed: a
+first-use probe times the target's verify pass at packed counts 1 (an AR step) and 16
+(a CAST@15 round) for every candidate and keeps the one with the smallest sum. The
+answer is cached under `cache_dir()` keyed by device name, torch version and target, so
+later runs start at once. fp32 stays available (`--dtype float32`) as the exactness
+reference: greedy bf16 output may differ from fp32 at near-ties.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from cast_trtllm.tree import Tree
+
+PROBE_WIDTHS = (1, 16)  # packed counts: an AR step, a CAST@15 round
+PROBE_PREFIX = 128
+PROBE_REPEATS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ExecChoice:
+    dtype: str  # "float32" | "bfloat16"
+    threads: int
+    measured_ms: dict[str, dict[str, float]]  # "dtype/threads" -> {"n=1": ms, "n=16": ms}
+    device: str  # device name it was measured on
+    key: str
+
+    def describe(self) -> str:
+        cells = ", ".join(f"{k}: " + " / ".join(f"{v:.1f}" for v in ms.values()) for k, ms in self.measured_ms.items())
+        return (f"{self.dtype}, {self.threads} thread(s) — fastest measured on {self.device} "
+                f"(verify ms at n={'/'.join(map(str, PROBE_WIDTHS))}: {cells})")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CAST_CACHE_DIR") or Path.home() / ".cache" / "cast-trtllm")
+
+
+def cache_key(device_name: str, target_name: str) -> str:
+    raw = json.dumps([device_name, torch.__version__, target_name, os.cpu_count()])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def cached_choice(key: str) -> ExecChoice | None:
+    path = cache_dir() / "exec" / f"{key}.json"
+    try:
+        raw = json.loads(path.read_text())
+        return ExecChoice(**raw) if raw.get("key") == key else None
+    except (OSError, ValueError, TypeError):
+        return None  # no cache, or one from another version: measure again
+
+
+def save_choice(choice: ExecChoice) -> Path:
+    path = cache_dir() / "exec" / f"{choice.key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(choice), indent=2) + "\n")
+    return path
+
+
+def candidates(device: torch.device) -> list[tuple[str, int]]:
+    """(dtype, threads) pairs worth timing on this device."""
+    if device.type != "cpu":
+        return [("bfloat16", torch.get_num_threads())]
+    cores = os.cpu_count() or 1
+    threads = sorted({1, cores})
+    return [(d, t) for d in ("float32", "bfloat16") for t in threads]
+
+
+def verify_ms(model: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repeats: int = PROBE_REPEATS) -> dict[str, float]:
+    """Median ms of one verify pass at each packed count, on a `prefix`-token KV cache."""
+    from runtime.engine.backend import TorchTarget
+
+    backend = TorchTarget(model)
+    seq = backend.new_sequence(prefix + max(widths))
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    backend.prefill(seq, torch.randint(0, vocab, (prefix,), generator=gen))
+    out = {}
+    for n in widths:
+        depth = np.arange(1, n, dtype=np.int32)
+        tree = Tree(tokens=np.arange(1, n, dtype=np.int64) % vocab, depth=depth,
+                    parent=np.arange(-1, n - 2, dtype=np.int32), score=np.zeros(n - 1))
+        pack = np.concatenate([[0], tree.tokens]).astype(np.int64)
+        backend.verify([seq], [pack], [tree])  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            backend.verify([seq], [pack], [tree])  # pending rows only: the cache is not advanced
+            times.append((time.perf_counter() - start) * 1e3)
+        out[f"n={n}"] = statistics.median(times)
+    return out
+
+
+def measure(model: Any, device: torch.device, device_name: str, key: str,
+            progress: Callable[[str], None] = lambda _: None) -> ExecChoice:
+    """Time every candidate on `model` (converted per dtype, then restored) and pick the fastest."""
+    before_threads, original = torch.get_num_threads(), model.lm_head.weight.dtype
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for dtype, threads in candidates(device):
+            progress(f"timing {dtype} with {threads} thread(s)")
+            torch.set_num_threads(threads)
+            model.to(getattr(torch, dtype))
+            results[f"{dtype}/{threads}"] = verify_ms(model)
+    finally:
+        model.to(original)
+        torch.set_num_threads(before_threads)
+    best = min(results, key=lambda k: sum(results[k].values()))
+    dtype, threads = best.split("/")
+    return ExecChoice(dtype, int(threads), results, device_name, key)
