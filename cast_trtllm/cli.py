@@ -13,14 +13,14 @@ import click
 # command name -> "module:attribute" of a click.Command in the package that owns it
 COMMANDS: dict[str, str] = {
     "generate": "runtime.cli:generate",
-    "probe": "engine_builder.probe:probe",
+    "probe": "engine_builder.probe_cli:probe",
     "build": "engine_builder.cli:build",
     "sweep": "perf.cli:sweep",
     "bench": "perf.cli:bench",
     "prepare-dataset": "perf.cli:prepare_dataset",
     "triton-repo": "runtime.serving.cli:triton_repo",
     "serve": "runtime.serving.cli:serve",
-    "train-drafter": "perf.train_drafter:train_drafter",
+    "train-drafter": "drafter_builder.cli:train_drafter",
 }
 
 

@@ -23,8 +23,8 @@ if [ "${ONLY_SWEEP:-0}" != 1 ]; then
 
 taskset -c 0 cast-trtllm probe --sku cpu --target embedded --prefix 256,512 \
   --packed 1,2,4,8,16,24,32,48,64,96,128 --warmup 4 --iters 20 --threads 1 --no-progress \
-  --note "pinned to core 0 while perf.drafter_train_speed ran on core 1" --out "$R/probe_cpu_smollm2_fp32.json" &
-taskset -c 1 python -m perf.drafter_train_speed --work "$WORK" --threads 1 --json "$R/drafter_train_speed.json" &
+  --note "pinned to core 0 while drafter_builder.train_speed ran on core 1" --out "$R/probe_cpu_smollm2_fp32.json" &
+taskset -c 1 python -m drafter_builder.train_speed --work "$WORK" --threads 1 --json "$R/drafter_train_speed.json" &
 wait
 cp "$R/probe_cpu_smollm2_fp32.json" "$PROFILE"
 

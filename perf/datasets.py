@@ -11,6 +11,8 @@ Named sets are built from the evaluation data, never copied into the repository:
   when installed, else the same files in the data directory;
 - gsm8k (test), math500, mbpp (test split: task_id 11-510): from the data directory,
   `../shared/data` next to the repository by default.
+The splits (below, `GSM8K_*` and `MBPP_*`) are defined here once: evaluation reads the
+test parts, drafter training (`drafter_builder.prompts`) the disjoint training parts.
 MT-Bench contributes its first turns. task_id is the source's own integer id where it has
 one (HumanEval/N -> N, MBPP task_id, MT-Bench question_id), else the row index.
 """
@@ -26,7 +28,15 @@ from typing import Callable, Iterable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT_TOKENS = 128
-MBPP_TEST_IDS = range(11, 511)  # the standard MBPP test split (mbpp/README.md)
+
+# Splits of the data directory's files: evaluation reads the test parts only; drafter
+# training prompts come from the training parts only (and are 13-gram checked against
+# every named set besides).
+GSM8K_TEST_FILE = "gsm8k_test.jsonl"  # evaluation: the 1319 test questions
+GSM8K_TRAIN_FILE = "gsm8k_train.jsonl"  # drafter training: the 7473 train questions
+MBPP_FILE = "mbpp.jsonl"  # all 974 tasks; split by task_id (mbpp/README.md)
+MBPP_TEST_IDS = range(11, 511)  # evaluation: the standard test split
+MBPP_TRAINING_IDS = range(511, 975)  # drafter training: the validation (511-600) and train (601-974) splits
 
 
 class DatasetError(ValueError):
@@ -179,18 +189,21 @@ def _mt_bench(data_dir: Path | None) -> list[tuple[int, str]]:
 
 
 def _gsm8k(data_dir: Path | None) -> list[tuple[int, str]]:
-    return [(i, r["question"]) for i, r in enumerate(_jsonl(_source(data_dir, "gsm8k_test.jsonl")))]
+    return [(i, r["question"]) for i, r in enumerate(_jsonl(_source(data_dir, GSM8K_TEST_FILE)))]
 
 
 def _math500(data_dir: Path | None) -> list[tuple[int, str]]:
     return [(i, r["problem"]) for i, r in enumerate(_jsonl(_source(data_dir, "math500_test.jsonl")))]
 
 
+def mbpp_prompt(row: dict) -> str:
+    """The MBPP paper's prompt: the task and its tests, so the function name is fixed."""
+    return row["text"] + " Your code should pass these tests:\n\n" + "\n".join(row["test_list"])
+
+
 def _mbpp(data_dir: Path | None) -> list[tuple[int, str]]:
-    rows = [r for r in _jsonl(_source(data_dir, "mbpp.jsonl")) if r["task_id"] in MBPP_TEST_IDS]
-    # the MBPP paper's prompt: the task and its tests, so the function name is fixed
-    return [(int(r["task_id"]), r["text"] + " Your code should pass these tests:\n\n" + "\n".join(r["test_list"]))
-            for r in rows]
+    rows = [r for r in _jsonl(_source(data_dir, MBPP_FILE)) if r["task_id"] in MBPP_TEST_IDS]
+    return [(int(r["task_id"]), mbpp_prompt(r)) for r in rows]
 
 
 NAMED_SETS: dict[str, Callable[[Path | None], list[tuple[int, str]]]] = {

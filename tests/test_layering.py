@@ -10,10 +10,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # package -> top-level modules it must never import
 FORBIDDEN = {
-    "cast_trtllm": {"runtime", "plugins", "engine_builder", "perf", "tensorrt", "tensorrt_llm", "triton", "transformers"},
-    "plugins": {"runtime", "engine_builder", "perf"},
-    "runtime": {"engine_builder", "perf"},
+    "cast_trtllm": {"runtime", "plugins", "engine_builder", "drafter_builder", "perf", "tensorrt", "tensorrt_llm",
+                    "triton", "transformers"},
+    "plugins": {"runtime", "engine_builder", "drafter_builder", "perf"},
+    "runtime": {"engine_builder", "drafter_builder", "perf"},
 }
+PACKAGES = ("cast_trtllm", "runtime", "plugins", "engine_builder", "drafter_builder", "perf")
+MAX_LINES = 300
 
 
 def _imports(path: Path) -> set[str]:
@@ -34,3 +37,45 @@ def test_package_never_imports_downstream_layers(package):
         for p in (ROOT / package).rglob("*.py")
     }
     assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_no_source_file_is_over_300_lines():
+    long = {str(p.relative_to(ROOT)): n for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these files (one concept per file): {long}"
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Project modules a file imports at module level (function-local imports excluded)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n for n in names if n.split(".")[0] in PACKAGES}
+
+
+def test_no_import_cycle_between_modules():
+    graph = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            mod = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            graph[mod] = {m for m in _module_imports(p) if m != mod}
+    state: dict[str, int] = {}
+
+    def visit(mod: str, stack: list[str]) -> list[str] | None:
+        state[mod] = 1
+        for dep in sorted(graph.get(mod, ())):
+            if dep not in graph or mod.startswith(dep + "."):
+                continue  # outside the project, or the package's own __init__
+            if state.get(dep) == 1:
+                return stack + [mod, dep]
+            if dep not in state and (cycle := visit(dep, stack + [mod])):
+                return cycle
+        state[mod] = 2
+        return None
+
+    for mod in sorted(graph):
+        if mod not in state and (cycle := visit(mod, [])):
+            pytest.fail(f"import cycle: {' -> '.join(cycle)}")

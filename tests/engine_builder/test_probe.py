@@ -10,7 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from cast_trtllm.profile import load_profile, save_profile
-from engine_builder.probe import Bench, ProbeSettings, Timer, measure, probe, time_grid, to_profile
+from engine_builder.probe import Bench, ProbeSettings, Timer, measure, time_grid, to_profile
+from engine_builder.probe_cli import probe
 from runtime.drafter import random_drafter
 from tests.runtime.doubles import random_target
 

@@ -9,9 +9,10 @@ import torch
 
 from drafter_builder.blocks import FrozenTarget
 from drafter_builder.replay import score_anchors
-from runtime.decoder import DecodeConfig, Decoder
+from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter
 from runtime.drafter.config import CONFIG_NAME, WEIGHTS_NAME
+from runtime.engine import LLMEngine, Request
 from runtime.loader import encode_prompt
 from runtime.target import TargetExecutor
 
@@ -53,7 +54,7 @@ def test_shipped_head_predicts_the_targets_next_token_far_more_often_than_a_rand
     continuations = []
     for text in PROMPTS:
         prompt = encode_prompt(embedded.tokenizer, text, chat=True)
-        out = Decoder(TargetExecutor(model), None).generate(prompt, DecodeConfig("ar", max_new_tokens=24))
+        out = LLMEngine(model, None, spec=SpecConfig(method="ar")).generate([Request(prompt, 24)])[0]
         ids = torch.tensor(prompt + out.token_ids)
         ex = TargetExecutor(model, layers)
         ex.reset(len(ids))

@@ -3,7 +3,7 @@ training times into one learning curve (sorted by time, targets recorded) and re
 report without its training time; `train --rebuild-vocab` needs a run to resume; `fit`
 reports training and validation tau of every data run; `train --init-from` continues a
 head's record with a fresh optimizer (grown by `--grow-layers`, on a restarted schedule);
-`data --skip-shipped` knows the shipped head's prompts."""
+a continued head's thinned loss curve keeps its inherited history."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import json
 
 from click.testing import CliRunner
 
-from perf.train_drafter import CHAIN_TARGETS, train_drafter
+from drafter_builder.cli import train_drafter
+from drafter_builder.cli.report import CHAIN_TARGETS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -57,7 +58,7 @@ def test_rebuilding_the_vocabulary_growing_a_new_head_or_a_schedule_past_the_box
 
 
 def _two_run_dataset(model, tok, root):
-    from runtime.drafter.train_data import build_dataset
+    from drafter_builder.shards import build_dataset
 
     prompts = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Say hi."), ("gsm8k_train", "Halve 10."),
                ("self_chat", "Name a colour.")]
@@ -87,13 +88,13 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     """A head whose trainer state is gone (a new machine) goes on from its training.json:
     steps and minutes continue, earlier runs stay in the record, the data record keeps the
     runs it was trained on, and an existing trainer state is not silently overridden."""
-    import perf.train_drafter as TD
-    from runtime.drafter import train as T
+    from drafter_builder.blocks import FrozenTarget
+    from drafter_builder.cli import common
     from runtime.model.llama import TargetConfig
 
     model, tok = embedded_hf
-    loaded = (model, tok, T.FrozenTarget.from_hf(model), TargetConfig.from_hf(model.config))
-    monkeypatch.setattr(TD, "_target", lambda: loaded)
+    loaded = (model, tok, FrozenTarget.from_hf(model), TargetConfig.from_hf(model.config))
+    monkeypatch.setattr(common, "load_target", lambda: loaded)
     first, second = tmp_path / "first", tmp_path / "second"
     _two_run_dataset(model, tok, first)
     small = ["--num-layers", "1", "--block-size", "4", "--draft-layer-ids", "1,29", "--vocab-size", "64",
@@ -132,33 +133,8 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
     assert sources == json.loads((tmp_path / "head2" / "config.json").read_text())["training_prompt_sources"]
 
 
-def test_shipped_prompts_hold_every_committed_chat_turn_and_a_run_skips_only_its_predecessors():
-    from perf.train_drafter import ROOT, shipped_prompts, self_chat_record
-    from runtime.drafter import train_data as D
-
-    data = ROOT.parent / "shared" / "data"
-    shipped = shipped_prompts(data)
-    # (seed, prompts) of the chat runs
-    chat_runs = ((0, 600), (1, 480), (2, 720), (5, 1200), (8, 640), (9, 3000), (13, 2400), (16, 2400))
-    written = [p for seed, n in chat_runs for p in json.loads(self_chat_record(seed).read_text())[:n]]
-    assert set(written) <= shipped
-    assert set(D.stdlib_stubs(methods=False)) <= shipped  # phase 7 asked for every function stub
-    assert set(D.stdlib_stubs(methods=True)) <= shipped  # phase 7 asked for 1200 method stubs, phase 8 the rest
-    questions = D._pool(data, D.PROMPT_SOURCES["gsm8k_train"])
-    used = sum(q in shipped for q in questions)
-    assert 3000 < used <= 6800 < len(questions)  # four runs of 1500 draws and one of 800, overlapping
-    assert shipped == shipped_prompts(data)  # drawn again from recorded seeds: deterministic
-    assert shipped_prompts(data, before_run="seed0") == set() and shipped_prompts(data, before_run="new") == shipped
-    # a recorded run skips only what the runs before it asked for, as it did when it was made: the
-    # counts its data record holds (e.g. gsm3: 732 of 1499 already asked for), whatever later runs drew
-    stubs = set(D.stdlib_stubs(methods=True))
-    assert len(stubs & shipped_prompts(data, before_run="code3")) == 0  # code5 asked for them all, later
-    assert len(stubs & shipped_prompts(data, before_run="code5")) == 1200
-    assert len(set(questions) & shipped_prompts(data, before_run="gsm3")) < len(set(questions) & shipped)
-
-
 def test_a_continued_heads_loss_curve_keeps_its_inherited_history():
-    from perf.train_drafter import thin_loss_curve
+    from drafter_builder.cli.train import thin_loss_curve
 
     inherited = [{"step": 1 + i * 1145, "loss": 70.0 - i} for i in range(41)]  # a thinned record, steps 1..45801
     log = inherited + [{"step": s, "loss": 3.0} for s in range(45802, 54431)]  # then every step of the new run

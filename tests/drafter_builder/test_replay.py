@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.decoder import DecodeConfig, Decoder
-from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter
-from runtime.drafter.replay import (
+from cast_trtllm.spec_config import SpecConfig
+from cast_trtllm.tree import build_tree
+from drafter_builder.blocks import FrozenTarget
+from drafter_builder.replay import (
     AnchorScores,
     budget_rule,
     chain_rule,
@@ -19,10 +20,10 @@ from runtime.drafter.replay import (
     replay,
     score_anchors,
 )
-from runtime.drafter.train import FrozenTarget
-from runtime.embedded import encode_prompt
+from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter
+from runtime.engine import LLMEngine, Request
+from runtime.loader import encode_prompt
 from runtime.target import TargetExecutor
-from cast_trtllm.tree import build_tree
 
 
 def _scores(ids, prompt_len, topk_ids, topk_lp):
@@ -86,8 +87,8 @@ def shipped(embedded):
 def test_replay_round_lengths_equal_the_decoding_loop_on_the_embedded_target(embedded, shipped, method, budget):
     prompt = encode_prompt(embedded.tokenizer, "Write a Python function that adds two numbers.", chat=True)
     drafter = DrafterExecutor(shipped, embedded.model)
-    dec = Decoder(TargetExecutor(embedded.model, drafter.tap_layer_ids), drafter)
-    out = dec.generate(prompt, DecodeConfig(method, budget, max_new_tokens=40))
+    engine = LLMEngine(embedded.model, drafter, spec=SpecConfig(method, budget))
+    out = engine.generate([Request(prompt, max_new_tokens=40)])[0]
     ids = torch.tensor(prompt + out.token_ids)
     ex = TargetExecutor(embedded.model, drafter.tap_layer_ids)
     ex.reset(len(ids))

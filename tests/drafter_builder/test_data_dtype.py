@@ -1,12 +1,12 @@
-"""`perf.drafter_data_dtype` re-taps sequences with an exact fp32 pass: on the fp32 target's
+"""`drafter_builder.data_dtype` re-taps sequences with an exact fp32 pass: on the fp32 target's
 own greedy data it must agree on every response token and reproduce the stored taps."""
 
 from __future__ import annotations
 
 import torch
 
-from perf.drafter_data_dtype import LAYER_IDS, fp32_pass
-from runtime.drafter.train_data import chat_ids, generate_shard
+from drafter_builder.data_dtype import LAYER_IDS, fp32_pass
+from drafter_builder.shards import chat_ids, generate_shard
 
 
 def test_the_fp32_pass_agrees_with_fp32_greedy_data_and_reproduces_its_taps(embedded_hf):

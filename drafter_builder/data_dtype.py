@@ -10,7 +10,7 @@ batch by batch, alternating which goes first, and reports:
   - the shipped head's teacher-forced tau on fp32 data, on bf16 data with its bf16 taps, and
     on the same bf16 sequences with fp32 taps (tap precision vs. path, separated).
 
-    python -m perf.drafter_data_dtype --domains humaneval,mt_bench --prompts 64 --batch-size 32 \
+    python -m drafter_builder.data_dtype --domains humaneval,mt_bench --prompts 64 --batch-size 32 \
         --json perf/results/drafter/data_dtype.json
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import torch
 
-from perf.train_drafter import LAYER_IDS, heldout_prompts  # the stored taps; 29 is the final layer
+from drafter_builder.cli.common import LAYER_IDS, heldout_prompts  # the stored taps; 29 is the final layer
 
 
 @torch.inference_mode()
@@ -54,29 +54,31 @@ def fp32_pass(hf, recs: list[dict]) -> tuple[list[dict], int, int]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write JSON.")
 def main(data_dir: Path, domains: str, prompts: int, batch_size: int, max_new_tokens: int, threads: int,
          json_path: Path | None) -> None:
+    from drafter_builder import shards as S
+    from drafter_builder import train as T
+    from drafter_builder.blocks import FrozenTarget
     from runtime.device import device_name
     from runtime.drafter import DEFAULT_DRAFTER, load_drafter
-    from runtime.drafter import train as T
-    from runtime.drafter import train_data as D
-    from runtime.embedded import load_hf_embedded
+    from runtime.loader import load_hf_checkpoint
     from runtime.model.llama import TargetConfig
 
     torch.set_num_threads(threads)
-    hf, tok = load_hf_embedded()
+    checkpoint = load_hf_checkpoint("embedded", dtype=torch.float32)
+    hf, tok = checkpoint.model, checkpoint.tokenizer
     hf.requires_grad_(False)
     models = {"fp32": hf, "bf16": copy.deepcopy(hf).to(torch.bfloat16)}
-    frozen = T.FrozenTarget.from_hf(hf)
+    frozen = FrozenTarget.from_hf(hf)
     drafter = load_drafter(DEFAULT_DRAFTER, TargetConfig.from_hf(hf.config))
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
     rows = {}
     for k, name in enumerate(domains.split(",")):
-        ids = [D.chat_ids(tok, p) for _, p in heldout_prompts(data_dir, name, prompts)]
+        ids = [S.chat_ids(tok, p) for _, p in heldout_prompts(data_dir, name, prompts)]
         recs, seconds = {"fp32": [], "bf16": []}, {"fp32": 0.0, "bf16": 0.0}
         for j in range(0, len(ids), batch_size):  # interleaved batches: machine noise hits both alike
             for dtype in (("fp32", "bf16") if (k + j // batch_size) % 2 == 0 else ("bf16", "fp32")):
                 mark = time.monotonic()
                 batch = ids[j : j + batch_size]
-                recs[dtype] += D.generate_shard(models[dtype], batch, LAYER_IDS, max_new_tokens, eos, pad)
+                recs[dtype] += S.generate_shard(models[dtype], batch, LAYER_IDS, max_new_tokens, eos, pad)
                 seconds[dtype] += time.monotonic() - mark
         speed = {d: sum(len(r["ids"]) - r["prompt_len"] for r in recs[d]) / seconds[d] for d in recs}
         pairs = list(zip(recs["fp32"], recs["bf16"]))

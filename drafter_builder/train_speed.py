@@ -5,7 +5,7 @@ same held-out records, in one process, interleaved (rounds of each config in tur
 machine noise hits all of them alike. Reports blocks/s and the ratio to the baseline
 (full vocabulary, fp32).
 
-    python -m perf.drafter_train_speed --work /tmp/dflash_train --json perf/results/drafter_train_speed.json
+    python -m drafter_builder.train_speed --work /tmp/dflash_train --json perf/results/drafter_train_speed.json
 """
 
 from __future__ import annotations
@@ -27,19 +27,20 @@ import torch
 @click.option("--rounds", type=int, default=3, show_default=True, help="Interleaved rounds (median over rounds).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write JSON.")
 def main(work: Path, threads: int, steps: int, rounds: int, json_path: Path | None) -> None:
+    from drafter_builder import shards as S
+    from drafter_builder import train as T
+    from drafter_builder.blocks import FrozenTarget
     from runtime.drafter import random_drafter
-    from runtime.drafter import train as T
-    from runtime.drafter import train_data as D
     from runtime.drafter import vocab as V
-    from runtime.embedded import load_hf_embedded
+    from runtime.loader import load_hf_checkpoint
     from runtime.model.llama import TargetConfig
 
     torch.set_num_threads(threads)
-    hf, _ = load_hf_embedded()
-    frozen, tc = T.FrozenTarget.from_hf(hf), TargetConfig.from_hf(hf.config)
+    hf = load_hf_checkpoint("embedded", dtype=torch.float32).model
+    frozen, tc = FrozenTarget.from_hf(hf), TargetConfig.from_hf(hf.config)
     layers = [1, 8, 15, 22, 29]
     folder = work / "heldout" / "gsm8k"
-    recs = D.load_records(D.shard_paths(folder), D.stored_layer_ids(folder), layers, tc.hidden_size)
+    recs = S.load_records(S.shard_paths(folder), S.stored_layer_ids(folder), layers, tc.hidden_size)
     responses = [r["ids"][r["prompt_len"] :] for r in recs]
     configs = {  # name -> (draft vocab size or None, bf16 autocast, anchors per sequence)
         "full-vocab fp32 a16": (None, False, 16),

@@ -11,24 +11,11 @@ import itertools
 import pytest
 import torch
 
+from drafter_builder.blocks import (IGNORE, FrozenTarget, block_hidden, block_labels, drafter_rotary, sample_anchors,
+                                    to_draft_labels)
+from drafter_builder.loss import block_loss, soft_block_loss, target_block_logprobs
+from drafter_builder.train import TrainConfig, TrainerState, _lr_at, acceptance, train
 from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter, with_layers
-from runtime.drafter.train import (
-    IGNORE,
-    FrozenTarget,
-    TrainConfig,
-    TrainerState,
-    _lr_at,
-    acceptance,
-    block_hidden,
-    block_labels,
-    block_loss,
-    drafter_rotary,
-    sample_anchors,
-    soft_block_loss,
-    target_block_logprobs,
-    to_draft_labels,
-    train,
-)
 from runtime.drafter.vocab import DraftHead, target_to_draft
 from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget, TargetConfig
@@ -66,9 +53,9 @@ def test_block_pass_equals_runtime_draft_per_anchor(draft_vocab):
     batched = DraftHead(frozen.lm_head_weight, drafter.d2t)(hidden)  # [n, L, V], -inf outside the draft vocab
     ex = DrafterExecutor(drafter, target)
     for j, a in enumerate(anchors.tolist()):
-        ex.reset(32)
-        ex.append_context(rec["taps"][:a].float())
-        torch.testing.assert_close(batched[j], ex.draft(int(rec["ids"][a])), rtol=1e-4, atol=1e-4)
+        state = ex.new_state(32)
+        ex.append_context(state, rec["taps"][:a].float())
+        torch.testing.assert_close(batched[j], ex.draft([state], [int(rec["ids"][a])])[0], rtol=1e-4, atol=1e-4)
     if draft_vocab is not None:
         outside = torch.ones(TINY.vocab_size, dtype=torch.bool)
         outside[draft_vocab] = False
@@ -167,11 +154,13 @@ def test_a_grown_head_drafts_exactly_as_before_and_trains_its_new_layers(tmp_pat
     torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
     save_drafter(grown, tmp_path)
     loaded = load_drafter(tmp_path, TINY)
-    ex, ex_before = DrafterExecutor(loaded, target), DrafterExecutor(drafter, target)
-    for e in (ex, ex_before):
-        e.reset(32)
-        e.append_context(rec["taps"][:7].float())
-    torch.testing.assert_close(ex.draft(int(rec["ids"][7])), ex_before.draft(int(rec["ids"][7])), rtol=0, atol=1e-5)
+    drafts = []
+    for head in (loaded, drafter):
+        ex = DrafterExecutor(head, target)
+        state = ex.new_state(32)
+        ex.append_context(state, rec["taps"][:7].float())
+        drafts.append(ex.draft([state], [int(rec["ids"][7])]))
+    torch.testing.assert_close(drafts[0], drafts[1], rtol=0, atol=1e-5)
     new = {k: v.clone() for k, v in grown.state_dict().items() if k.startswith("layers.2.")}
     cfg = TrainConfig(budget_s=30.0, anchors_per_seq=8, lr=1e-2, warmup_steps=1, max_steps=3)
     train(grown, frozen, itertools.cycle([rec]), cfg)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.tree import Tree, build_chain, build_tree
-from runtime.drafter.train import FrozenTarget, block_hidden, drafter_rotary
+from drafter_builder.blocks import FrozenTarget, block_hidden, drafter_rotary
 from runtime.drafter.vocab import DraftHead
 
 TreeRule = Callable[[np.ndarray, np.ndarray], Tree]  # (topk ids [L, K], logprobs [L, K]) -> tree

@@ -1,17 +1,10 @@
 """Train a DFlash drafter head on the target's own greedy continuations.
 
-Data: `runtime.drafter.train_data` (target greedy continuations + taps, fp16 shards).
-
-Training: anchors a are sampled in the response; each block is
-`[ids[a], mask, …, mask]` (block size L+1) and sees the taps of ids[:a] only (the
-prefix before the root: the drafter never sees the future); labels are ids[a+1:a+L+1].
-Many blocks of one sequence share one context pass (each block masks the context at
-its own anchor). Loss: cross-entropy at slots 1..L with DFlash's position decay
-weight exp(-(k-1)/gamma) on slot k, over the head's draft vocabulary (labels it cannot
-name are ignored). Optional distillation (`kd_weight`): the target's whole next-token
-law at each labelled position, read for free from the final-layer tap (HF's last
-hidden state is already normed, so lm_head(tap) are the target's logits), mixed with
-the hard greedy label. Target embeddings and lm_head stay frozen. Optional bf16 autocast.
+Data: `drafter_builder.shards` (target greedy continuations + taps, fp16 shards). Each
+step samples blocks of a few sequences (`drafter_builder.blocks`), runs them through the
+head in one pass, and steps AdamW on the position-decayed block loss
+(`drafter_builder.loss`; optional distillation, `kd_weight`). Target embeddings and
+lm_head stay frozen. Optional bf16 autocast.
 
 Checkpoints: `TrainerState` (optimizer, step, elapsed wall time, generator state) is
 saved beside the weights, so a run resumes where it stopped and its cosine schedule
@@ -27,140 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.nn import functional as F
 from tqdm import tqdm
 
+from drafter_builder.blocks import FrozenTarget, block_hidden, block_labels, drafter_rotary, sample_anchors, to_draft_labels
+from drafter_builder.loss import block_loss, final_tap_columns, position_weights, soft_block_loss, target_block_logprobs
 from runtime.drafter.vocab import DraftHead, target_to_draft
-from runtime.model.layers import Rotary, apply_rope, default_inv_freq
-
-IGNORE = -100  # label of a slot past the end of the response, or outside the draft vocabulary
-
-# ---------------------------------------------------------------- blocks and loss
-
-
-def sample_anchors(prompt_len: int, length: int, count: int, gen: torch.Generator) -> torch.Tensor:
-    """[n] sorted anchor positions a in [prompt_len, length-2] (each has >= 1 label)."""
-    lo, hi = prompt_len, length - 2
-    if hi < lo:
-        return torch.empty(0, dtype=torch.long)
-    pick = torch.randperm(hi - lo + 1, generator=gen)[:count] + lo
-    return pick.sort().values
-
-
-def block_labels(ids: torch.Tensor, anchors: torch.Tensor, num_draft: int) -> torch.Tensor:
-    """[n, L] target-id labels ids[a+1..a+L]; IGNORE past the end of the sequence."""
-    idx = anchors[:, None] + torch.arange(1, num_draft + 1, device=ids.device)[None, :]  # [n, L]
-    labels = torch.full(idx.shape, IGNORE, dtype=torch.long, device=ids.device)
-    ok = idx < ids.numel()
-    labels[ok] = ids.long()[idx[ok]]
-    return labels
-
-
-def to_draft_labels(labels: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
-    """[n, L] target-id labels -> draft-vocabulary labels (IGNORE where it cannot name them)."""
-    if t2d is None:
-        return labels
-    out = torch.full_like(labels, IGNORE)
-    ok = labels != IGNORE
-    mapped = t2d[labels[ok]]
-    out[ok] = torch.where(mapped >= 0, mapped, torch.full_like(mapped, IGNORE))
-    return out
-
-
-def block_hidden(
-    drafter: Any,  # runtime.drafter.DFlashDrafter (trainable)
-    embed_weight: torch.Tensor,  # [V, H] frozen target embeddings
-    rotary: Rotary,  # of the drafter
-    taps: torch.Tensor,  # [m, F] target taps of ids[:m]
-    ids: torch.Tensor,  # [T] token ids of the sequence
-    anchors: torch.Tensor,  # [n] root positions, each <= m
-) -> torch.Tensor:
-    """Normed hidden states [n, L, H] of n blocks of one sequence in one pass.
-
-    Equals `DFlashDrafter.forward` run once per block on a feature cache holding
-    taps[:a] (block j sees context columns < a_j and its own L+1 slots only).
-    """
-    cfg, dev = drafter.config, taps.device  # ids and anchors live on the taps' device
-    n, width, m = anchors.numel(), cfg.block_size, taps.shape[0]
-    block_ids = torch.full((n, width), cfg.mask_token_id, dtype=torch.long, device=dev)
-    block_ids[:, 0] = ids.long()[anchors]
-    h = F.embedding(block_ids, embed_weight).reshape(n * width, -1)  # [n*(L+1), H]
-    pos = (anchors[:, None] + torch.arange(width, device=dev)[None, :]).reshape(-1)  # [n*(L+1)]
-    block_rope = rotary(pos, h.dtype)
-    ctx = drafter.hidden_norm(drafter.fc(taps))  # [m, H]
-    ctx_rope = rotary(torch.arange(m, device=dev), h.dtype)
-    owner = torch.arange(n, device=dev).repeat_interleave(width)  # block of each query row
-    visible = torch.cat(
-        [
-            torch.arange(m, device=dev)[None, :] < anchors[owner][:, None],  # context before the root
-            owner[:, None] == owner[None, :],  # own block, non-causal
-        ],
-        dim=1,
-    )  # [n*(L+1), m + n*(L+1)]
-    for layer in drafter.layers:
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_norm(attn.q_proj(x).view(-1, attn.num_heads, attn.head_dim))
-        q = apply_rope(q.transpose(0, 1), *block_rope)  # [Hq, Nq, d]
-        ck, cv = attn.key_value(ctx, ctx_rope)  # [Hkv, m, d]
-        bk, bv = attn.key_value(x, block_rope)  # [Hkv, Nq, d]
-        keys, values = torch.cat([ck, bk], 1).to(q.dtype), torch.cat([cv, bv], 1).to(q.dtype)
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=visible, enable_gqa=True)[0]
-        h = h + attn.o_proj(out.transpose(0, 1).reshape(h.shape[0], -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return drafter.norm(h.view(n, width, -1)[:, 1:])  # [n, L, H]
-
-
-def position_weights(num_draft: int, gamma: float | None) -> torch.Tensor:
-    """[L] DFlash loss weight of slot k: exp(-(k-1)/gamma); uniform when gamma is None."""
-    k = torch.arange(num_draft, dtype=torch.float32)
-    return torch.ones(num_draft) if gamma is None else torch.exp(-k / gamma)
-
-
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean cross-entropy. logits [n, L, Vd]; labels [n, L] (draft ids); weights [L]."""
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="none")
-    w = (weights[None, :] * (labels != IGNORE)).flatten()
-    return (ce * w).sum() / w.sum().clamp_min(1e-9)
-
-
-@torch.no_grad()
-def target_block_logprobs(final_taps: torch.Tensor, head: DraftHead, anchors: torch.Tensor, num_draft: int
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's law over the draft vocabulary at every slot of n blocks.
-
-    final_taps [m, H]: the final-layer taps (normed last hidden states) of ids[:m+1];
-    slot k of the block at anchor a predicts ids[a+k], the target's law at position a+k-1.
-    Returns log-probs [n, L, Vd] (renormalized over the draft vocabulary) and valid [n, L]
-    (False past the end of the sequence). The lm_head runs once per distinct position.
-    """
-    pos = anchors[:, None] + torch.arange(num_draft, device=anchors.device)[None, :]  # [n, L] positions a+k-1
-    valid = pos < final_taps.shape[0]
-    lo, hi = int(anchors.min()), int(pos[valid].max()) + 1
-    logp = torch.log_softmax(head.draft_logits(final_taps[lo:hi].float()), dim=-1)  # [hi-lo, Vd]
-    return logp[(pos.clamp(max=hi - 1) - lo)], valid
-
-
-def soft_block_loss(logits: torch.Tensor, target_logp: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor
-                    ) -> torch.Tensor:
-    """Weighted mean cross-entropy against the target's law (forward KL + its entropy).
-
-    logits [n, L, Vd]; target_logp [n, L, Vd]; valid [n, L]; weights [L]."""
-    ce = -(target_logp.exp() * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [n, L]
-    w = weights[None, :] * valid
-    return (ce * w).sum() / w.sum().clamp_min(1e-9)
-
-
-def final_tap_columns(drafter: Any, num_target_layers: int) -> slice:
-    """Columns of the final-layer tap inside the drafter's taps (distillation reads them)."""
-    ids = list(drafter.config.target_layer_ids)
-    hidden, last = drafter.fc.in_features // len(ids), num_target_layers - 1
-    if last not in ids:
-        raise ValueError(f"distillation (kd_weight > 0) reads the target's law from the tap of its final layer "
-                         f"{last}; the head taps layers {ids}: add {last} to its target_layer_ids or set kd_weight 0")
-    j = ids.index(last)
-    return slice(j * hidden, (j + 1) * hidden)
-
 
 # ---------------------------------------------------------------- loop
 
@@ -199,20 +63,6 @@ class TrainConfig:
             raise ValueError(f"segment_s must be positive (or None for the whole time box), got {self.segment_s}")
 
 
-@dataclass(frozen=True, slots=True)
-class FrozenTarget:
-    """The pieces of the target the drafter borrows (never trained)."""
-
-    embed_weight: torch.Tensor  # [V, H]
-    lm_head_weight: torch.Tensor  # [V, H]
-
-    @staticmethod
-    def from_hf(model: Any) -> "FrozenTarget":
-        return FrozenTarget(
-            model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
-        )
-
-
 @dataclass(slots=True)
 class TrainerState:
     """What a resumed run needs besides the weights."""
@@ -231,11 +81,6 @@ class TrainerState:
     @staticmethod
     def from_dict(raw: dict[str, Any]) -> "TrainerState":
         return TrainerState(**raw)
-
-
-def drafter_rotary(drafter: Any) -> Rotary:
-    cfg = drafter.config
-    return Rotary(default_inv_freq(cfg.head_dim, cfg.rope_theta))
 
 
 def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0) -> float:
@@ -261,7 +106,7 @@ def _autocast(cfg: TrainConfig, device: torch.device):
 def train(
     drafter: Any,
     target: FrozenTarget,
-    records: Iterator[dict[str, Any]],  # endless, e.g. train_data.stream_records
+    records: Iterator[dict[str, Any]],  # endless, e.g. shards.stream_records
     cfg: TrainConfig,
     on_save: Callable[[TrainerState], None] | None = None,
     evaluate: Callable[[Any], dict[str, Any]] | None = None,  # drafter -> {"tau": ...}
