@@ -36,7 +36,10 @@ def percentiles(values: Sequence[float]) -> dict[str, float] | None:
 def machine_info() -> dict[str, Any]:
     import torch
 
+    from runtime.device import device_name
+
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_model": device_name(torch.device("cpu")),
             "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "cuda_device": None}
     if torch.cuda.is_available():

@@ -44,6 +44,7 @@ class LLMEngine:
         eos_token_ids: Iterable[int] = (),
         spec: SpecConfig = SpecConfig(),
         width: WidthSource | None = None,
+        cost: Any = None,  # learns the live cost curve: observe_verify(packed, ms, batch), observe_draft(ms, batch)
     ) -> None:
         if drafter is not None:
             spec.check_budget_fits(spec.budget, drafter.num_draft_positions)
@@ -53,7 +54,7 @@ class LLMEngine:
             raise ValueError(f"the target backend taps layers {self.target.tap_layer_ids}; the drafter needs {taps}")
         self.drafter, self.tokenizer = drafter, tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
-        self.spec, self.width = spec, width
+        self.spec, self.width, self.cost = spec, width, cost
         self.clock = Stopwatch(self.target.device)
         self.active: list[Sequence] = []
 
@@ -206,6 +207,10 @@ class LLMEngine:
         """App. D timings and the draft gate's readings, per request."""
         t0, t1, t2, t3, t4 = marks
         draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
+        if self.cost is not None:  # every round measures the live configuration's costs
+            self.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
+            if drafting:
+                self.cost.observe_draft(draft_ms, len(drafting))
         overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
         drafted = {id(s) for s in drafting}
         for seq, tree in zip(batch, trees):
