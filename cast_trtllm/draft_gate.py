@@ -1,7 +1,7 @@
 """Draft gate: per round, whether speculating pays at all on this deployment, from MEASURED costs.
 
-The width rule (`cast_trtllm.width`) picks the best budget N once a block is drafted; it
-cannot say "do not draft". Where the drafter plus a wider verify cost more per committed
+The width rule (`cast_trtllm.width`, `cast_trtllm.cost_model`) picks the best budget N once
+a block is drafted; it cannot say "do not draft". Where the drafter plus a wider verify cost more per committed
 token than a plain autoregressive step (a compute-bound CPU, a weak head on a domain it
 was not trained for), every budget loses to AR. The gate compares two arms per request:
 
@@ -11,9 +11,15 @@ was not trained for), every budget loses to AR. The gate compares two arms per r
 
 It keeps exponentially weighted means of committed tokens and round milliseconds per arm,
 plays the arm with the higher tokens/ms, and tries the other arm once every
-`probe_every` rounds so a change of domain or of machine load is noticed. Costs are the
-request's own wall-clock readings, so the decision follows the machine as it runs, not a
-profile taken under other load.
+`probe_every` rounds so a change of domain or of machine load is noticed.
+
+Costs come from one of two places. With `costs` (the engine's `OnlineCostModel`), both
+arms are priced by the table the width rule chose the tree from: a drafted round at the
+bucket of the request's last tree (draft included), an AR round at ell(1). The gate then
+drafts exactly when the width rule's tree is predicted to beat AR, so it never leaves a
+winning tree unused (and never waits for an AR round to price AR). Without `costs` (a
+fixed budget, no learned table), the arms' own EWMA wall-clock ms are used, so the
+decision still follows the machine as it runs, not a profile taken under other load.
 
 A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta)
 (the expected committed length, paper §2) rather than from the realized length R: R of
@@ -28,6 +34,7 @@ Pure Python: the runtime feeds `record` and asks `draft_next`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -51,6 +58,12 @@ class ArmStats:
         return self.tokens / self.ms if self.ms > 0 else 0.0
 
 
+class RoundCosts(Protocol):
+    """Prices both arms from one cost table (`cast_trtllm.cost_model.OnlineCostModel`)."""
+
+    def draft_pays(self, expected_committed: float, packed: int, batch: int = 1) -> bool: ...
+
+
 @dataclass(slots=True)
 class DraftGate:
     """Per-request two-arm choice between a drafted (speculative) round and an AR round.
@@ -63,10 +76,12 @@ class DraftGate:
     alpha: float = 0.2         # EWMA weight of the newest round
     probe_every: int = 16      # rounds between tries of the arm not being played
     prior_tokens: float = 2.0  # pseudo-count of the realized / predicted correction
+    costs: RoundCosts | None = None  # price both arms from this table (else: wall-clock EWMA)
     speculate: ArmStats = field(default_factory=ArmStats)
     autoregressive: ArmStats = field(default_factory=ArmStats)
     realized: float = 0.0      # accepted (non-root) tokens of drafted rounds with a forecast
     predicted: float = 0.0     # their forecast accepted tokens
+    packed: int | None = None  # packed tokens of the last drafted round (priced by `costs`)
     _since_other: int = 0      # rounds since the arm not being played last ran
 
     def __post_init__(self) -> None:
@@ -77,9 +92,11 @@ class DraftGate:
         if self.prior_tokens <= 0:
             raise ValueError(f"DraftGate.prior_tokens must be > 0, got {self.prior_tokens}")
 
-    def record(self, drafted: bool, committed: int, round_ms: float, expected: float | None = None) -> None:
+    def record(self, drafted: bool, committed: int, round_ms: float, expected: float | None = None,
+               packed: int | None = None) -> None:
         """One finished round: committed tokens (>= 1), its wall ms (draft included) and, for
-        a drafted round, its forecast committed length 1 + sum of calibrated node masses."""
+        a drafted round, its forecast committed length 1 + sum of calibrated node masses and
+        its packed tokens N + 1 (what `costs` prices it at)."""
         if committed < 1 or not round_ms > 0:
             raise ValueError(f"a round commits >= 1 token in > 0 ms, got {committed} tokens, {round_ms} ms")
         if expected is not None and expected < 1:
@@ -89,6 +106,8 @@ class DraftGate:
             self.realized += committed - 1
             self.predicted += expected - 1
             tokens = expected
+        if drafted and packed is not None:
+            self.packed = packed
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._since_other = 0 if drafted != self.best_is_speculate() else self._since_other + 1
@@ -98,12 +117,18 @@ class DraftGate:
         """Realized / predicted accepted tokens of this request, shrunk to 1 by the prior."""
         return (self.realized + self.prior_tokens) / (self.predicted + self.prior_tokens)
 
+    def speculate_tokens(self) -> float:
+        """Forecast committed tokens of a drafted round, corrected by this request's realized rate."""
+        return 1.0 + (self.speculate.tokens - 1.0) * (self.correction if self.predicted > 0 else 1.0)
+
     def speculate_tokens_per_ms(self) -> float:
-        accepted = (self.speculate.tokens - 1.0) * (self.correction if self.predicted > 0 else 1.0)
-        return (1.0 + accepted) / self.speculate.ms if self.speculate.ms > 0 else 0.0
+        return self.speculate_tokens() / self.speculate.ms if self.speculate.ms > 0 else 0.0
 
     def best_is_speculate(self) -> bool:
-        """The arm with the higher measured tokens/ms (speculate until AR is measured)."""
+        """The arm with the higher tokens/ms: priced by `costs` where given, else measured
+        (speculate until AR is measured)."""
+        if self.costs is not None and self.packed is not None:
+            return self.costs.draft_pays(self.speculate_tokens(), self.packed)
         if self.autoregressive.rounds == 0:
             return True
         return self.speculate_tokens_per_ms() >= self.autoregressive.tokens_per_ms
@@ -112,7 +137,7 @@ class DraftGate:
         """Whether the next round drafts."""
         if self.speculate.rounds == 0:
             return True
-        if self.autoregressive.rounds == 0:
+        if self.autoregressive.rounds == 0 and self.costs is None:  # measure the AR arm once
             return False
         best = self.best_is_speculate()
         return (not best) if self._since_other >= self.probe_every else best

@@ -4,7 +4,9 @@ A profile belongs to one GPU SKU x target x dtype. `latency_ms[prefix][batch][i]
 median verify-forward latency of `batch` requests over a `prefix`-token KV cache, each
 packing `packed_counts[i]` tokens (pending root + tree nodes). Derived fields (affine fit
 per row over `fit_range`, detected cliffs, chosen buckets) are stored so a reader sees what
-the width policy will see. JSON keys for prefix and batch are decimal strings.
+the width policy will see. JSON keys for prefix and batch are decimal strings. The format
+knows nothing of width rules or policies (`cast_trtllm.width` reads it); it is also where
+the shipped profiles are found (`reference_profiles`, `find_measured_profile`).
 
 Errors name the offending field as a JSON path, e.g.
 `profile.latency_ms["1024"]["1"]: expected 8 values (one per packed count), got 7`.
@@ -21,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from cast_trtllm.width import choose_buckets, detect_cliffs, fit_affine
+from cast_trtllm.cost_curve import choose_buckets, detect_cliffs, fit_affine
+from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list, obj
 
 SCHEMA_VERSION = 1
 REFERENCE_DIR = Path(__file__).parent / "profiles" / "reference"
@@ -95,7 +98,7 @@ class WidthProfile:
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"profile.{name}: expected a non-empty string")
         for name in ("prefix_lengths", "batch_sizes", "packed_counts", "buckets"):
-            object.__setattr__(self, name, _ascending_ints(getattr(self, name), f"profile.{name}"))
+            object.__setattr__(self, name, ascending_ints(getattr(self, name), f"profile.{name}"))
         n = self.packed_counts
         if not set(self.buckets) <= set(n):
             raise ValueError(f"profile.buckets: {sorted(set(self.buckets) - set(n))} are not "
@@ -116,8 +119,7 @@ class WidthProfile:
                 raise ValueError(f"profile.{name}: batch sizes {sorted(per_batch)} must be a "
                                  f"subset of profile.batch_sizes {list(self.batch_sizes)}")
             for b, v in per_batch.items():
-                if not (_is_number(v) and math.isfinite(v) and v >= 0):
-                    raise ValueError(f'profile.{name}["{b}"]: expected ms >= 0, got {v}')
+                milliseconds(v, f'profile.{name}["{b}"]', positive=False)
 
     # -- lookups -------------------------------------------------------------------------
     def prefix_bucket(self, prefix_len: int) -> int:
@@ -151,29 +153,15 @@ class WidthProfile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WidthProfile:
         """Parse and validate a JSON object; ValueError names the field that is wrong."""
-        if not isinstance(data, dict):
-            raise ValueError(f"profile: expected a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"profile: unknown field(s) {unknown}")
-        required = {f.name for f in fields(cls)} - {"drafter_ms", "overhead_ms"}
-        missing = sorted(required - set(data))
-        if missing:
-            raise ValueError(f"profile.{missing[0]}: missing")
-        kw = dict(data)
+        kw = dict(fields_of(data, "profile", {f.name for f in fields(cls)}, {"drafter_ms", "overhead_ms"}))
         kw["provenance"] = _provenance(data["provenance"])
         for name in ("latency_ms", "fits", "cliffs"):
-            kw[name] = {}
-            for p, row in _obj(data[name], f"profile.{name}").items():
-                path = f'profile.{name}["{p}"]'
-                kw[name][_int_key(p, f"profile.{name}")] = {
-                    _int_key(b, path): v for b, v in _obj(row, path).items()}
+            kw[name] = {p: int_keyed(row, f'profile.{name}["{p}"]')
+                        for p, row in int_keyed(data[name], f"profile.{name}").items()}
         kw["fits"] = {p: {b: _fit(v, f'profile.fits["{p}"]["{b}"]') for b, v in row.items()}
                       for p, row in kw["fits"].items()}
         for name in ("drafter_ms", "overhead_ms"):
-            kw[name] = {_int_key(b, f"profile.{name}"): v
-                        for b, v in _obj(data.get(name) or {}, f"profile.{name}").items()}
+            kw[name] = int_keyed(data.get(name) or {}, f"profile.{name}")
         return cls(**kw)
 
     # -- validation helpers --------------------------------------------------------------
@@ -194,15 +182,7 @@ class WidthProfile:
         return out
 
     def _check_row(self, row, path: str) -> tuple[float, ...]:
-        if not isinstance(row, (list, tuple)) or len(row) != len(self.packed_counts):
-            got = len(row) if isinstance(row, (list, tuple)) else type(row).__name__
-            raise ValueError(f"{path}: expected {len(self.packed_counts)} values "
-                             f"(one per packed count), got {got}")
-        for i, v in enumerate(row):
-            if not (_is_number(v) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{path}[{i}]: expected a latency in ms > 0 "
-                                 f"(packed count {self.packed_counts[i]}), got {v!r}")
-        return tuple(float(v) for v in row)
+        return milliseconds_list(row, path, "a latency in ms", "packed count", self.packed_counts)
 
     def _check_fit(self, fit, path: str) -> AffineFit:
         if not isinstance(fit, AffineFit) or not all(
@@ -295,40 +275,15 @@ def find_measured_profile(target: str, dtype: str, device_kind: str, device: str
 
 
 # -- parsing helpers ---------------------------------------------------------------------
-def _ascending_ints(values, path: str) -> tuple[int, ...]:
-    if not isinstance(values, (list, tuple)) or not values or any(
-            isinstance(v, bool) or not isinstance(v, int) for v in values):
-        raise ValueError(f"{path}: expected a non-empty list of integers, got {values!r}")
-    if values[0] < 1 or any(b <= a for a, b in zip(values, values[1:])):
-        raise ValueError(f"{path}: expected strictly ascending integers >= 1, got {list(values)}")
-    return tuple(values)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _int_key(key: str, path: str) -> int:
-    if not (isinstance(key, str) and key.isdigit()):
-        raise ValueError(f'{path}: key "{key}" is not a decimal integer')
-    return int(key)
-
-
-def _obj(value, path: str) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
-
-
 def _fit(value, path: str) -> AffineFit:
-    value = _obj(value, path)
+    value = obj(value, path)
     if sorted(value) != ["intercept_ms", "slope_ms"]:
         raise ValueError(f"{path}: expected keys intercept_ms and slope_ms, got {sorted(value)}")
     return AffineFit(**value)
 
 
 def _provenance(value) -> Provenance:
-    value = _obj(value, "profile.provenance")
+    value = obj(value, "profile.provenance")
     names = {f.name for f in fields(Provenance)}
     if not set(value) <= names or "source" not in value:
         raise ValueError(f"profile.provenance: expected keys {sorted(names)} with "

@@ -13,10 +13,8 @@ Theorem 1: the N strings of largest π̂ in the retained universe (ties toward s
 prefixes, then lexicographic in rank) form a prefix-closed set and maximize the expected
 accepted length Σ_v π̂(v). `build_tree` returns exactly that set, in best-first order.
 
-The search is level-synchronous and vectorized: level d+1 expands every kept level-d
-node by its K children at once and drops every child whose score is below the running
-lower bound τ on the final N-th best score (the N-th best found so far). Ties at τ are
-kept, so the final exact sort sees every candidate of the true top-N.
+The search itself (vectorized, level-synchronous, exact) is `cast_trtllm.best_first`;
+this module holds the `Tree` and turns the search's selection into trees.
 """
 
 from __future__ import annotations
@@ -25,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from cast_trtllm.best_first import Pool, best_first_pool, check_logprobs, check_topk, rank_within_request
 
 ROOT = -1  # parent value of a depth-1 node: its parent is the pending root
 
@@ -91,6 +91,14 @@ class Tree:
         """[n] int32 depth of each packed token; 0 for the root."""
         return np.concatenate([[0], self.depth]).astype(np.int32)
 
+    def head(self, n: int) -> "Tree":
+        """The first n nodes (parents come first, so it is a tree). Of a `build_tree` tree,
+        which is stored best first, it is exactly the top-n tree: one search at the widest
+        budget serves both the round's masses (`exp(score)`) and the tree N chosen from them."""
+        if not 0 <= n <= self.size:
+            raise ValueError(f"head({n}) of a tree of {self.size} nodes")
+        return Tree._trusted(self.tokens[:n], self.depth[:n], self.parent[:n], self.score[:n])
+
     def children(self, pack_index: int) -> np.ndarray:
         """Pack indices of the children of packed token `pack_index`."""
         return np.flatnonzero(self.parent == pack_index - 1) + 1
@@ -122,95 +130,7 @@ def topk_per_position(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     return ids, values
 
 
-def _check_topk(topk_ids: np.ndarray, topk_logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validate [..., L, K] top-k ids / log-probs; returns (int64 ids, float64 logprobs <= 0)."""
-    ids = np.asarray(topk_ids)
-    lp = np.asarray(topk_logprobs, dtype=np.float64)
-    if ids.ndim < 2 or ids.shape != lp.shape:
-        raise ValueError(
-            f"topk_ids and topk_logprobs must both be [L, K]; got {ids.shape} and {lp.shape}"
-        )
-    if not (lp.max(initial=-np.inf) <= 1e-6):  # also catches NaN
-        raise ValueError("topk_logprobs must be log-probabilities (<= 0, no NaN)")
-    if lp.shape[-1] > 1 and np.any(lp[..., 1:] > lp[..., :-1] + 1e-12):
-        raise ValueError("topk_logprobs must be sorted descending within each position")
-    return ids.astype(np.int64, copy=False), np.minimum(lp, 0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class _Pool:
-    """Every candidate that may belong to the top set, sorted in Theorem 1 order
-    (score desc, then depth, request and rank path asc)."""
-
-    request: np.ndarray  # [M] int64 request of each candidate
-    depth: np.ndarray  # [M] int32
-    rank: np.ndarray  # [M] int64 rank of the node's token within its position's top-K
-    parent: np.ndarray  # [M] int64 position (in this pool) of the parent, -1 at depth 1
-    score: np.ndarray  # [M] float64
-
-
-def _kth_best_per_request(req: np.ndarray, score: np.ndarray, B: int, k: int) -> np.ndarray:
-    """[B] k-th largest score of each request (-inf where it has fewer than k)."""
-    order = np.lexsort((-score, req))
-    counts = np.bincount(req, minlength=B)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    tau = np.full(B, -np.inf)
-    has = counts >= k
-    tau[has] = score[order[starts[has] + k - 1]]
-    return tau
-
-
-def _best_first_pool(lp: np.ndarray, keep: int, per_request: bool) -> _Pool:
-    """Candidates of the top-`keep` set of the disjoint union of B universes.
-
-    lp: [B, L, K] sorted log-probabilities. With `per_request`, `keep` applies to each
-    request's own universe (used with a per-request cap); otherwise to the union
-    (Proposition 2). A child is dropped only when its score is below the running
-    lower bound τ on the keep-th best score, so no member of the top set is lost.
-
-    Children are generated row-major over (parent, rank), so within a level the
-    candidates come out in (request, rank path) order, and levels are appended by
-    depth: a stable sort on score alone yields the full Theorem 1 order.
-    """
-    B, L, K = lp.shape
-    req = np.repeat(np.arange(B), K)
-    score = lp[:, 0, :].reshape(-1)
-    levels = [(req, score, np.tile(np.arange(K), B), np.full(B * K, -1))]
-    best_req, best_score = req, score  # candidates still able to raise τ
-    offset = 0
-    for d in range(1, L + 1):
-        if per_request:
-            tau = _kth_best_per_request(best_req, best_score, B, keep)
-            tau_node = tau[req][:, None]
-        else:
-            tau = tau_node = -np.partition(-best_score, keep - 1)[keep - 1] if len(best_score) >= keep else -np.inf
-            best_score = best_score[best_score >= tau]  # the rest can never raise τ again
-        if d == L:
-            break
-        child = score[:, None] + (lp[0, d] if B == 1 else lp[req, d])  # [M, K]
-        rows, cols = np.nonzero(child >= tau_node)
-        if len(rows) == 0:
-            break
-        req, score = req[rows], child[rows, cols]
-        levels.append((req, score, cols, offset + rows))
-        offset += len(levels[-2][1])
-        if per_request:
-            best_req, best_score = np.concatenate([best_req, req]), np.concatenate([best_score, score])
-        else:
-            best_score = np.concatenate([best_score, score])
-    req, score, rank, parent = (np.concatenate(col) for col in zip(*levels))
-    depth = np.repeat(np.arange(1, len(levels) + 1, dtype=np.int32), [len(lv[1]) for lv in levels])
-    # only candidates at or above the final τ can be chosen; zero-mass strings never are
-    above = score >= (tau[req] if per_request else tau)
-    cand = np.flatnonzero(above & (score > -np.inf))
-    order = cand[np.argsort(-score[cand], kind="stable")]
-    position = np.full(len(score), -1)
-    position[order] = np.arange(len(order))
-    parent = np.where(parent[order] >= 0, position[np.maximum(parent[order], 0)], -1)
-    return _Pool(req[order], depth[order], rank[order], parent, score[order])
-
-
-def _trees_from_selection(ids: np.ndarray, pool: _Pool, chosen: np.ndarray) -> list[Tree]:
+def _trees_from_selection(ids: np.ndarray, pool: Pool, chosen: np.ndarray) -> list[Tree]:
     """Split the selected pool positions per request; parents become node indices.
 
     ids: [B, L, K]; chosen: increasing pool positions, prefix-closed per request.
@@ -236,19 +156,20 @@ def build_tree(topk_ids: np.ndarray, topk_logprobs: np.ndarray, budget: int) -> 
     Nodes of zero drafter mass (logprob -inf) are never proposed, so a universe with
     fewer positive-mass strings than `budget` yields a smaller tree.
     """
-    ids, lp = _check_topk(topk_ids, topk_logprobs)
+    ids, lp = check_topk(topk_ids, topk_logprobs)
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     if budget == 0:
         return Tree.empty()
-    pool = _best_first_pool(lp[None], budget, per_request=False)
-    chosen = np.arange(min(budget, len(pool.score)))
-    return _trees_from_selection(ids[None], pool, chosen)[0]
+    pool = best_first_pool(lp[None], budget, per_request=False)
+    n = min(budget, len(pool.score))  # one request, a prefix of the order: parents stay < n
+    depth = pool.depth[:n]
+    return Tree._trusted(ids[depth - 1, pool.rank[:n]], depth, pool.parent[:n].astype(np.int32), pool.score[:n])
 
 
 def build_chain(topk_ids: np.ndarray, topk_logprobs: np.ndarray, length: int | None = None) -> Tree:
     """Standard DFlash verification: the top-1 token at each of the first `length` positions."""
-    ids, lp = _check_topk(topk_ids, topk_logprobs)
+    ids, lp = check_topk(topk_ids, topk_logprobs)
     L = ids.shape[0] if length is None else length
     if not 0 <= L <= ids.shape[0]:
         raise ValueError(f"chain length {L} must be in [0, block positions {ids.shape[0]}]")
@@ -265,10 +186,10 @@ def sorted_prefix_masses(topk_logprobs: np.ndarray, limit: int) -> np.ndarray:
 
     These are the increments of g(N) used by the width rules (Theorem 2).
     """
-    lp = np.asarray(topk_logprobs, dtype=np.float64)
+    lp = check_logprobs(topk_logprobs)
     if limit <= 0:
         return np.zeros(0)
-    pool = _best_first_pool(np.minimum(lp, 0.0)[None], limit, per_request=False)
+    pool = best_first_pool(lp[None], limit, per_request=False)
     return np.exp(pool.score[:limit])
 
 
@@ -290,20 +211,14 @@ def allocate_shared_budget(
     shapes = {np.shape(i) for i, _ in per_request} | {np.shape(l) for _, l in per_request}
     if len(shapes) != 1:
         raise ValueError(f"every request needs the same [L, K] top-k shape; got {sorted(shapes)}")
-    ids, lp = _check_topk(np.stack([i for i, _ in per_request]), np.stack([l for _, l in per_request]))
+    ids, lp = check_topk(np.stack([i for i, _ in per_request]), np.stack([l for _, l in per_request]))
     B = len(per_request)
     if total == 0 or cap == 0:
         return [Tree.empty() for _ in range(B)]
     if cap is None:
-        pool = _best_first_pool(lp, total, per_request=False)
+        pool = best_first_pool(lp, total, per_request=False)
         chosen = np.arange(min(total, len(pool.score)))
     else:
-        pool = _best_first_pool(lp, min(total, cap), per_request=True)
-        # rank of each candidate within its own request's best-first order
-        by_req = np.argsort(pool.request, kind="stable")
-        counts = np.bincount(pool.request, minlength=B)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        rank = np.empty(len(by_req), np.int64)
-        rank[by_req] = np.arange(len(by_req)) - np.repeat(starts, counts)
-        chosen = np.flatnonzero(rank < cap)[:total]
+        pool = best_first_pool(lp, min(total, cap), per_request=True)
+        chosen = np.flatnonzero(rank_within_request(pool, B) < cap)[:total]
     return _trees_from_selection(ids, pool, chosen)

@@ -1,10 +1,19 @@
-"""Tree-construction speed: `build_tree` / `allocate_shared_budget` vs a plain heapq best-first.
+"""Tree-construction speed: `build_tree` / `allocate_shared_budget` vs a plain heapq best-first,
+and the host work of one round (tree, masses, mask, walk) at several widths.
 
 The reference is the paper's App. C algorithm written the obvious way: a max-heap on the
 path score, seeded with the root's top-K children; each pop emits a node and pushes its K
-children at the next depth; stop after N pops. Ties follow Theorem 1's order (shorter
-prefix first, then lexicographic in rank), the same order `cast_trtllm.tree` uses, so
-both must return the same node set; the run checks that before timing.
+children at the next depth (zero-mass children are never pushed); stop after N pops. Ties
+follow Theorem 1's order (shorter prefix first, then lexicographic in rank), the same
+order `cast_trtllm.tree` uses, so both must return the same node set; the run checks that
+before timing.
+
+Host round: what the runtime does on the host around one B = 1 verify pass at budget N:
+`sorted_prefix_masses` (up to the widest budget, as `auto` asks), `build_tree`, the
+additive mask over a 512-token prefix, and `greedy_walk` against a target that agrees
+with the top-1 chain; each part and the total, and the total from one search
+(`build_tree` at the widest budget, masses from its scores, `Tree.head(N)`). Compare it
+with the round's verify time. The process is pinned to one core and torch to one thread.
 
 Drafter marginals are synthetic but shaped like a DFlash head's (paper Fig. 4c: peaked
 top-1, falling with depth): at block position j the top-1 probability is drawn from
@@ -13,6 +22,9 @@ the rest of a 49,152-token vocabulary by a Zipf(1.1) law; the top-K of that marg
 kept. Seeded (numpy default_rng(0)).
 
     python -m perf.bench_tree [--out perf/results/tree_bench.json]
+
+Requirement (issue 23): build_tree at N = 127, K = 8, L = 15 runs >= 5x the heapq reference;
+the report's `build_tree.meets_required_speedup` says whether this run did.
 """
 
 from __future__ import annotations
@@ -27,10 +39,16 @@ from pathlib import Path
 
 import click
 import numpy as np
+import torch
 
-from cast_trtllm.tree import Tree, allocate_shared_budget, build_tree
+from cast_trtllm.masks import additive_mask
+from cast_trtllm.tree import Tree, allocate_shared_budget, build_tree, sorted_prefix_masses
+from cast_trtllm.verify import Acceptance, greedy_walk
 
 VOCAB = 49152  # the embedded target's vocabulary
+REQUIRED_SPEEDUP = 5.0  # build_tree vs heapq at the default shape (issue 23)
+HOST_BUDGETS = (15, 63, 127)
+HOST_PREFIX = 512
 
 
 def synthetic_marginals(L: int, K: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -49,24 +67,30 @@ def synthetic_marginals(L: int, K: int, rng: np.random.Generator) -> tuple[np.nd
     return ids, lp
 
 
-def heap_best_first(per_request: list[tuple[np.ndarray, np.ndarray]], total: int) -> list[Tree]:
-    """Reference App. C: global best-first over B disjoint universes, one Tree per request."""
+def heap_best_first(per_request: list[tuple[np.ndarray, np.ndarray]], total: int,
+                    cap: int | None = None) -> list[Tree]:
+    """Reference App. C: global best-first over B disjoint universes, one Tree per request.
+
+    cap: a request that holds `cap` nodes takes no more; the budget goes on down the order.
+    """
     # entry: (-score, depth, request, rank path, parent node index within its request)
     heap: list[tuple[float, int, int, tuple[int, ...], int]] = []
     for r, (_, lp) in enumerate(per_request):
         for k in range(lp.shape[1]):
-            heapq.heappush(heap, (-lp[0, k], 1, r, (k,), -1))
+            if lp[0, k] > -np.inf:
+                heapq.heappush(heap, (-lp[0, k], 1, r, (k,), -1))
     nodes: list[list[tuple[int, int, int, float]]] = [[] for _ in per_request]  # (token, depth, parent, score)
-    for _ in range(total):
-        if not heap:
-            break
+    while heap and sum(map(len, nodes)) < total:
         neg, depth, r, ranks, parent = heapq.heappop(heap)
+        if cap is not None and len(nodes[r]) >= cap:
+            continue
         ids, lp = per_request[r]
         nodes[r].append((int(ids[depth - 1, ranks[-1]]), depth, parent, -neg))
         if depth < lp.shape[0]:
             me = len(nodes[r]) - 1
             for k in range(lp.shape[1]):
-                heapq.heappush(heap, (neg - lp[depth, k], depth + 1, r, ranks + (k,), me))
+                if lp[depth, k] > -np.inf:
+                    heapq.heappush(heap, (neg - lp[depth, k], depth + 1, r, ranks + (k,), me))
     return [Tree(np.array([n[0] for n in ns], np.int64), np.array([n[1] for n in ns], np.int32),
                  np.array([n[2] for n in ns], np.int32), np.array([n[3] for n in ns], np.float64))
             for ns in nodes]
@@ -80,6 +104,28 @@ def token_paths(tree: Tree) -> set[tuple[int, ...]]:
     return set(paths)
 
 
+def host_round(ids: np.ndarray, lp: np.ndarray, budget: int, prefix_len: int = HOST_PREFIX,
+               limit: int = max(HOST_BUDGETS)) -> Acceptance:
+    """One round's host work at budget N as `auto` does it today (module docstring)."""
+    sorted_prefix_masses(lp, limit)
+    return _mask_and_walk(ids, build_tree(ids, lp, budget), prefix_len)
+
+
+def host_round_one_search(ids: np.ndarray, lp: np.ndarray, budget: int, prefix_len: int = HOST_PREFIX,
+                          limit: int = max(HOST_BUDGETS)) -> Acceptance:
+    """The same round from one search: the widest tree gives the masses, its head(N) the tree."""
+    wide = build_tree(ids, lp, limit)
+    np.exp(wide.score)  # the masses the width rule reads
+    return _mask_and_walk(ids, wide.head(budget), prefix_len)
+
+
+def _mask_and_walk(ids: np.ndarray, tree: Tree, prefix_len: int) -> Acceptance:
+    additive_mask(tree, prefix_len)
+    depth = tree.pack_depth
+    argmax = np.where(depth < len(ids), ids[np.minimum(depth, len(ids) - 1), 0], 0)  # [n] next chain token
+    return greedy_walk(tree, argmax)
+
+
 def median_us(fn, repeats: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
@@ -91,6 +137,17 @@ def median_us(fn, repeats: int, warmup: int) -> float:
     return statistics.median(samples)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (lscpu's "Model name"), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def pin_one_core() -> int | None:
     """Pin this process to one CPU it may run on; returns the core (None where unsupported)."""
     if not hasattr(os, "sched_setaffinity"):
@@ -98,6 +155,25 @@ def pin_one_core() -> int | None:
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
     return core
+
+
+def host_breakdown(ids: np.ndarray, lp: np.ndarray, repeats: int) -> dict:
+    """Median us of each host part of a B = 1 round at every budget in HOST_BUDGETS."""
+    limit, warmup, out = max(HOST_BUDGETS), max(3, repeats // 10), {}
+    for n in HOST_BUDGETS:
+        tree = build_tree(ids, lp, n)
+        argmax = np.zeros(tree.num_packed, np.int64)
+        parts = {
+            "sorted_prefix_masses": lambda: sorted_prefix_masses(lp, limit),
+            "build_tree": lambda: build_tree(ids, lp, n),
+            "additive_mask": lambda: additive_mask(tree, HOST_PREFIX),
+            "greedy_walk": lambda: greedy_walk(tree, argmax),
+            "total": lambda: host_round(ids, lp, n),
+            "total_one_search": lambda: host_round_one_search(ids, lp, n),
+        }
+        out[str(n)] = {name: round(median_us(fn, repeats, warmup), 1) for name, fn in parts.items()}
+    return {"masses_limit": limit, "prefix_len": HOST_PREFIX, "median_us": out,
+            "one_search": "build_tree(limit) once: masses = exp(score), tree = head(N)"}
 
 
 def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int) -> dict:
@@ -125,6 +201,9 @@ def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int)
         ref_us = median_us(reference, repeats, warmup=max(3, repeats // 10))
         results[name] = {**shape, "cast_trtllm_median_us": round(ours_us, 1), "heapq_median_us": round(ref_us, 1),
                          "speedup_vs_heapq": round(ref_us / ours_us, 2), "same_node_set": True}
+    results["build_tree"]["required_speedup"] = REQUIRED_SPEEDUP
+    results["build_tree"]["meets_required_speedup"] = results["build_tree"]["speedup_vs_heapq"] >= REQUIRED_SPEEDUP
+    results["host_round"] = host_breakdown(*single, repeats)
     return results
 
 
@@ -141,6 +220,7 @@ def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int)
 def main(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int) -> None:
     """Time tree construction against a heapq best-first reference; write JSON."""
     core = pin_one_core()
+    torch.set_num_threads(1)  # one core: a second torch thread would only spin against the first
     results = run(N, K, L, batch, total, repeats, seed)
     report = {
         "benchmark": "cast_trtllm.tree vs heapq best-first (paper App. C)",
@@ -148,14 +228,19 @@ def main(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int,
         "repeats": repeats,
         "pinned_core": core,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpu_model": cpu_model(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "numpy": np.__version__},
         "results": results,
     }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    for name, r in results.items():
+    for name in ("build_tree", "allocate_shared_budget"):
+        r = results[name]
         click.echo(f"{name:24s} cast_trtllm {r['cast_trtllm_median_us']:9.1f} us   heapq {r['heapq_median_us']:9.1f} us"
                    f"   ratio {r['speedup_vs_heapq']:.2f}x   same node set: {r['same_node_set']}")
+    click.echo(f"build_tree >= {REQUIRED_SPEEDUP:.0f}x heapq: {results['build_tree']['meets_required_speedup']}")
+    for n, parts in results["host_round"]["median_us"].items():
+        click.echo(f"host round N={n:>3}: " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()) + " (us)")
     click.echo(f"wrote {out}")
 
 

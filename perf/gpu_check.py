@@ -15,6 +15,9 @@ Sections, each written to the report as soon as it finishes (a killed run keeps 
 
     python -m perf.gpu_check --out $OUT/gpu_check.json
     python -m perf.gpu_check --dry-run --out /tmp/gpu_check.json   # tiny shapes on CPU
+
+This file is the command and the report; the sections live in perf/gpu_kernel.py (1, 2)
+and perf/gpu_probe.py (3), their shared timing and random trees in perf/gpu_timing.py.
 """
 
 from __future__ import annotations
@@ -24,36 +27,20 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
-from torch.nn import functional as F
 
-from cast_trtllm.masks import additive_mask, batched_bitmask, bitmask, cu_seqlens
 from cast_trtllm.profile import Provenance, build_profile
-from cast_trtllm.tree import Tree, build_tree
 from engine_builder.skus import sku_for_device
-from plugins.tree_attention import tree_attention_reference, tree_attention_triton, triton_available
+from perf.gpu_kernel import check_correctness, time_kernel
+from perf.gpu_probe import PAPER_PACKED, QWEN3_8B, TINY, probe, random_model
+from plugins.tree_attention import triton_available
 from runtime.model.attention import SdpaAttention
-from runtime.model.layers import Rotary, default_inv_freq
-from runtime.model.llama import LlamaTarget, TargetConfig
 from runtime.model.tree_attention_backend import TreeAttention
-from runtime.target import TargetExecutor
-
-QWEN3_8B = TargetConfig(vocab_size=151936, hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
-                        head_dim=128, intermediate_size=12288, rms_norm_eps=1e-6, context_window=40960,
-                        qk_norm=True)
-TINY = TargetConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                    intermediate_size=128, rms_norm_eps=1e-6, context_window=512, qk_norm=True)
-PAPER_PACKED = (1, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}  # max |kernel - reference|
-DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DEPTH, RANK_CAP = 16, 8  # random trees: DFlash-b16 block, top-8 per position
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -93,129 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif not torch.cuda.is_available():
         p.error("no CUDA device: run with --dry-run on a CPU machine")
     return args
-
-
-def random_tree(rng: np.random.Generator, vocab: int, nodes: int) -> Tree:
-    """Exact top-`nodes` tree of random peaked marginals (the shape a real round verifies)."""
-    if nodes == 0:
-        return Tree.empty()
-    logits = rng.standard_normal((DEPTH, RANK_CAP + 1)) * 3.0
-    logp = np.sort(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True), axis=1)[:, ::-1][:, :RANK_CAP]
-    ids = rng.integers(0, vocab, (DEPTH, RANK_CAP))  # sibling duplicates are harmless for timing
-    return build_tree(ids, np.ascontiguousarray(logp), nodes)
-
-
-def cuda_ms(fn: Callable[[], Any], device: torch.device) -> float:
-    """Milliseconds of one call: CUDA events on a GPU, perf_counter on the CPU."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def median_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    return round(statistics.median(cuda_ms(fn, device) for _ in range(iters)), 4)
-
-
-def kernel_or_reference(device: torch.device) -> tuple[Callable, str]:
-    """The Triton kernel where it can run (CUDA, or the CPU interpreter), else the reference."""
-    if triton_available():
-        import triton
-
-        from plugins.tree_attention.triton_kernel import tree_attention_fwd_kernel
-
-        if device.type == "cuda" or not isinstance(tree_attention_fwd_kernel, triton.runtime.jit.JITFunction):
-            return tree_attention_triton, "triton"
-    return tree_attention_reference, "reference"
-
-
-def check_correctness(device: torch.device, dry_run: bool, seed: int) -> dict[str, Any]:
-    kernel, name = kernel_or_reference(device)
-    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
-    dtypes = (torch.float32,) if dry_run else (torch.float32, torch.bfloat16, torch.float16)
-    cases = [((5, 3), (9, 0), 4, 1, 16)] if dry_run else [  # (packs, prefixes, Hq, Hkv, d)
-        ((1,), (40,), 8, 8, 128), ((16, 65, 130), (100, 0, 37), 32, 8, 128),
-        ((256,), (1024,), 32, 8, 128), ((7, 48, 33), (5, 300, 64), 24, 3, 64)]
-    rows = []
-    for dtype in dtypes:
-        for packs, prefixes, hq, hkv, d in cases:
-            trees = [random_tree(rng, 1000, n - 1) for n in packs]
-            total, prefix_total = sum(packs), sum(prefixes)
-            randn = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-            args = (randn(total, hq, d), randn(prefix_total, hkv, d), randn(prefix_total, hkv, d),
-                    randn(total, hkv, d), randn(total, hkv, d),
-                    torch.from_numpy(batched_bitmask(trees, num_words=max(packs) // 32 + 1)).to(device),
-                    torch.from_numpy(cu_seqlens(trees)).to(device),
-                    torch.tensor(np.cumsum([0, *prefixes]), dtype=torch.int32, device=device))
-            err = (kernel(*args).float() - tree_attention_reference(*args).float()).abs().max().item()
-            rows.append({"dtype": str(dtype).removeprefix("torch."), "packs": list(packs), "prefixes": list(prefixes),
-                         "q_heads": hq, "kv_heads": hkv, "head_dim": d, "max_abs_err": err,
-                         "tolerance": TOLERANCE[dtype], "ok": err <= TOLERANCE[dtype]})
-    return {"kernel": name, "ok": all(r["ok"] for r in rows), "cases": rows}
-
-
-def time_kernel(device: torch.device, cfg: TargetConfig, dtype: torch.dtype, ns, prefixes, warmup, iters, seed):
-    """One request, one layer's attention: Triton kernel vs SDPA over a dense additive mask."""
-    kernel, name = kernel_or_reference(device)
-    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
-    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    rows = []
-    for p in prefixes:
-        for n in ns:
-            tree = random_tree(rng, 1000, n - 1)
-            randn = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-            q, k, v = randn(n, hq, d), randn(p + n, hkv, d), randn(p + n, hkv, d)
-            words = torch.from_numpy(bitmask(tree)).to(device)
-            cu, cu_p = (torch.tensor([0, x], dtype=torch.int32, device=device) for x in (n, p))
-            mask = additive_mask(tree, p, dtype=dtype, device=device)  # [1, 1, n, P+n], built untimed
-            qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-            run_kernel = lambda: kernel(q, k[:p], v[:p], k[p:], v[p:], words, cu, cu_p)  # noqa: E731
-            run_sdpa = lambda: F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)  # noqa: E731
-            tk, ts = median_ms(run_kernel, device, warmup, iters), median_ms(run_sdpa, device, warmup, iters)
-            rows.append({"n": n, "prefix": p, "kernel_ms": tk, "sdpa_ms": ts, "sdpa_over_kernel": round(ts / tk, 3)})
-    return {"kernel": name, "dtype": str(dtype).removeprefix("torch."),
-            "shape": {"q_heads": hq, "kv_heads": hkv, "head_dim": d}, "rows": rows}
-
-
-def random_model(cfg: TargetConfig, device: torch.device, dtype: torch.dtype, seed: int) -> LlamaTarget:
-    """The runtime's Llama forward with random weights (N(0, 0.02), norms 1), built on `device`."""
-    with torch.device("meta"):
-        model = LlamaTarget(cfg, Rotary(torch.empty(cfg.head_dim // 2)))
-    model = model.to(dtype).to_empty(device=device)  # allocated once, in `dtype` (8B bf16: 16 GB)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.fill_(1.0) if name.endswith("norm.weight") else param.normal_(0.0, 0.02, generator=gen)
-    model.rotary = Rotary(default_inv_freq(cfg.head_dim, 1_000_000.0)).to(device)
-    return model.eval().requires_grad_(False)
-
-
-def probe(model: LlamaTarget, backend, prefixes, packed, warmup, iters, seed, device) -> dict[int, list[float]]:
-    """{prefix: [median ms per packed count]}: verify passes that never commit (cache stays at P)."""
-    rng, vocab = np.random.default_rng(seed), model.config.vocab_size
-    executor = TargetExecutor(model, attention_backend=backend)
-    table = {}
-    for p in prefixes:
-        executor.reset(p + max(packed))
-        executor.prefill(torch.from_numpy(rng.integers(0, vocab, p)).to(device))
-        row = []
-        for n in packed:
-            trees = [random_tree(rng, vocab, n - 1) for _ in range(warmup + iters)]  # built untimed
-            passes = iter([(torch.from_numpy(np.concatenate([[rng.integers(vocab)], t.tokens]).astype(np.int64)), t)
-                           for t in trees])
-            row.append(median_ms(lambda: executor.verify(*next(passes)), device, warmup, iters))
-            if executor.prefix_len != p:
-                raise RuntimeError(f"the KV cache moved off the probed prefix {p}")
-        table[p] = row
-    return table
 
 
 def versions() -> dict[str, str | None]:

@@ -10,6 +10,7 @@ probe-measured profile shipped for this target, dtype and device.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ class Built:
     engine: LLMEngine
     models: Any  # runtime.loader.LoadedModels
     device: torch.device
-    width_profile: str | None  # the profile `auto` uses (None: auto unavailable)
+    width_profile: str | None  # what `auto` prices trees with (None: auto unavailable)
     execution: str = "as asked"  # how dtype/threads were chosen
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
@@ -60,20 +61,27 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return device
 
 
-def width_source(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: torch.device,
-                 mass_exponent: float) -> tuple[WidthSource | None, str | None]:
-    """The per-prefix width rule of `auto`, and the profile it reads (None: none fits)."""
+def _prior_profile(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: torch.device):
+    """(profile, path) the cost model starts from: the one named, else the nearest shipped one."""
     from cast_trtllm.profile import find_measured_profile, load_profile
-    from cast_trtllm.width import WidthPolicy
     from runtime.device import device_name
 
     path = spec.width_profile
     if path is None:
         found = find_measured_profile(target_name, str(dtype).removeprefix("torch."), device.type, device_name(device))
         path = None if found is None else str(found)
-    if path is None:
+    return (None, None) if path is None else (load_profile(path), path)
+
+
+def width_source(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: torch.device,
+                 mass_exponent: float) -> tuple[WidthSource | None, str | None]:
+    """Theorem 2's marginal rule on a fixed width profile (`width_rule: marginal`): the
+    per-prefix rule and the profile it reads (None: no profile fits)."""
+    from cast_trtllm.width import WidthPolicy
+
+    profile, path = _prior_profile(spec, target_name, dtype, device)
+    if profile is None:
         return None, None
-    profile = load_profile(path)
 
     @lru_cache(maxsize=None)
     def for_bucket(prefix_bucket: int):
@@ -81,6 +89,36 @@ def width_source(spec: SpecConfig, target_name: str, dtype: torch.dtype, device:
                                         mass_exponent=mass_exponent)
 
     return (lambda prefix_len: for_bucket(profile.prefix_bucket(prefix_len))), path
+
+
+def online_cost(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: torch.device, backend: str,
+                mass_exponent: float, max_budget: int, probe_ms: dict[str, float] | None):
+    """The live cost curve of `auto` (table rule): the cached model learned on this machine
+    and configuration, else a new one whose prior is this run's first-use probe, else the
+    named or nearest profile. Returns (model, cache path, where the prior came from)."""
+    from cast_trtllm.cost_model import DEFAULT_BUCKETS, OnlineCostModel, cost_cache_key, default_cache_dir
+    from runtime.device import device_name
+
+    key = cost_cache_key(device_name(device), backend, str(dtype).removeprefix("torch."), torch.get_num_threads(),
+                         target_name)
+    path = default_cache_dir() / f"{key}.json"
+    knobs = {"mass_exponent": mass_exponent, "rank_cap": spec.rank_cap,
+             "max_budget": min(max_budget, DEFAULT_BUCKETS[-1] - 1)}
+    if path.is_file() and spec.width_profile is None:
+        try:
+            return OnlineCostModel.load(path, **knobs), path, f"learned on this machine ({path})"
+        except (ValueError, OSError):
+            pass  # a cache from another version: learn again
+    profile, profile_path = _prior_profile(spec, target_name, dtype, device)
+    if profile is not None and (spec.width_profile is not None or not probe_ms):
+        row = profile.latency_ms[profile.prefix_bucket(256)][profile.batch_sizes[0]]
+        prior, draft, source = dict(zip(profile.packed_counts, row)), profile.fixed_ms(1), f"profile {profile_path}"
+    elif probe_ms:
+        prior = {int(k.removeprefix("n=")): v for k, v in probe_ms.items()}
+        draft, source = 0.0, "first-use probe on this machine"
+    else:
+        prior, draft, source = None, 0.0, "no prior (learning from the first rounds)"
+    return OnlineCostModel(prior=prior, prior_draft_ms=draft, **knobs), path, source
 
 
 def _stderr(message: str) -> None:
@@ -125,8 +163,23 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
         say(f"execution: torch {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
             f"({execution})")
     draft = None if models.drafter is None else DrafterExecutor(models.drafter, models.target)
-    width, path = (None, None)
-    if draft is not None:
+    width, path, cost = None, None, None
+    if draft is not None and spec.width_rule == "marginal":
         width, path = width_source(spec, models.name, models.dtype, dev, draft.mass_exponent)
-    engine = LLMEngine(models.target, draft, models.tokenizer, models.eos_token_ids, spec, width)
+    elif draft is not None:
+        probe = None if choice is None else choice.measured_ms.get(f"{choice.dtype}/{torch.get_num_threads()}")
+        cost, cache, source = online_cost(spec, models.name, models.dtype, dev, "torch", draft.mass_exponent,
+                                          spec.max_nodes(draft.num_draft_positions), probe)
+        atexit.register(_save_quietly, cost, cache)
+        width, path = (lambda prefix_len: cost), f"online cost model; prior: {source}"
+    engine = LLMEngine(models.target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)
     return Built(engine, models, dev, path, execution)
+
+
+def _save_quietly(model, path) -> None:
+    """Keep what this run learned for the next one (best effort at exit)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model.save(path)
+    except OSError:
+        pass

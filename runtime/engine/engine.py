@@ -97,7 +97,7 @@ class LLMEngine:
             self.drafter.new_state(capacity) if method != "ar" else None,
             StopChecker(self.tokenizer, () if req.ignore_eos else self.eos_token_ids, req.stop_strings, max_new),
             req.sampling.generator("cpu"),
-            gate=DraftGate(probe_every=self.spec.gate_probe_every) if gated else None,
+            gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost) if gated else None,
         )
         t = seq.timings
         start = self.clock.now()
@@ -209,8 +209,8 @@ class LLMEngine:
         draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
         if self.cost is not None:  # every round measures the live configuration's costs
             self.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
-            if drafting:
-                self.cost.observe_draft(draft_ms, len(drafting))
+            if drafting:  # what drafting adds: the drafter call and the tree host work
+                self.cost.observe_draft(draft_ms + (t2 - t1) * 1e3, len(drafting))
         overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
         drafted = {id(s) for s in drafting}
         for seq, tree in zip(batch, trees):
@@ -227,7 +227,8 @@ class LLMEngine:
             if seq.gate is not None:
                 was = id(seq) in drafted
                 expected = expected_committed(tree, self._beta(seq)) if was else None
-                seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected)
+                seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
+                                packed=tree.num_packed if was else None)
                 seq.draft_next = seq.gate.draft_next()
 
     def _beta(self, seq: Sequence) -> float:

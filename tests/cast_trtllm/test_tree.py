@@ -136,6 +136,17 @@ def test_sorted_prefix_masses_are_the_tree_node_masses():
     assert np.allclose(masses, np.exp(build_tree(ids, lp, 20).score))
 
 
+def test_head_of_a_best_first_tree_is_the_smaller_budget_tree():
+    ids, lp = _topk(11, 6, 4, vocab=30)
+    wide = build_tree(ids, lp, 40)
+    np.testing.assert_allclose(np.exp(wide.score), sorted_prefix_masses(lp, 40))
+    for n in (0, 1, 7, 40):
+        small, head = build_tree(ids, lp, n), wide.head(n)
+        assert all(np.array_equal(getattr(small, f), getattr(head, f)) for f in ("tokens", "depth", "parent", "score"))
+    with pytest.raises(ValueError, match="head"):
+        wide.head(41)
+
+
 def test_topk_per_position_stays_on_device_and_sorts():
     logits = torch.randn(4, 100)
     ids, lp = topk_per_position(logits, 5)

@@ -20,7 +20,7 @@ from cast_trtllm.verify import (
     stochastic_walk,
     walk_samples,
 )
-from tests.law import assert_law, monte_carlo_floor
+from tests.law import assert_law
 
 N_DRAWS = 100_000
 V = 6

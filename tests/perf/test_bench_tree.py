@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from cast_trtllm.tree import allocate_shared_budget, build_tree
-from perf.bench_tree import heap_best_first, synthetic_marginals, token_paths
+from cast_trtllm.tree import Tree, allocate_shared_budget, build_tree
+from perf.bench_tree import heap_best_first, host_round, host_round_one_search, synthetic_marginals, token_paths
+
+
+def _ordered_paths(tree: Tree) -> list[tuple[int, ...]]:
+    paths: list[tuple[int, ...]] = []
+    for i in range(tree.size):
+        parent = int(tree.parent[i])
+        paths.append((paths[parent] if parent >= 0 else ()) + (int(tree.tokens[i]),))
+    return paths
+
+
+def _tied_marginals(seed: int, L: int, K: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probs drawn from a few values (many exact ties), some zero-mass tails; ids unique per row."""
+    rng = np.random.default_rng(seed)
+    values = np.log(np.array([0.9, 0.5, 0.25, 0.125, 0.05])[:levels])
+    lp = -np.sort(-rng.choice(values, size=(L, K)), axis=1)
+    if seed % 3 == 0:
+        lp[:, K - 1 :] = -np.inf
+    return np.arange(L * K).reshape(L, K), lp
 
 
 def test_heapq_reference_selects_the_same_nodes_as_cast_trtllm():
@@ -17,8 +37,34 @@ def test_heapq_reference_selects_the_same_nodes_as_cast_trtllm():
     assert ours == [token_paths(t) for t in heap_best_first(many, 50)]
 
 
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), L=st.integers(1, 8), K=st.integers(1, 6), levels=st.integers(1, 5),
+       budget=st.integers(1, 150))
+@example(seed=87705, L=2, K=6, levels=5, budget=8)  # ties one rounding ulp from the seed bound
+def test_build_tree_equals_the_heapq_best_first_order_even_with_ties(seed, L, K, levels, budget):
+    single = _tied_marginals(seed, L, K, levels)
+    assert _ordered_paths(build_tree(*single, budget)) == _ordered_paths(heap_best_first([single], budget)[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 4), L=st.integers(1, 6), K=st.integers(1, 4),
+       levels=st.integers(1, 5), total=st.integers(1, 120), cap=st.one_of(st.none(), st.integers(1, 40)))
+def test_shared_budget_equals_the_heapq_global_best_first_even_with_ties(seed, B, L, K, levels, total, cap):
+    many = [_tied_marginals(seed + r, L, K, levels) for r in range(B)]
+    ours = [_ordered_paths(t) for t in allocate_shared_budget(many, total, cap=cap)]
+    assert ours == [_ordered_paths(t) for t in heap_best_first(many, total, cap=cap)]
+
+
 def test_synthetic_marginals_are_sorted_log_probabilities_that_fall_with_depth():
     ids, lp = synthetic_marginals(15, 8, np.random.default_rng(0))
     assert ids.shape == lp.shape == (15, 8)
     assert np.all(np.diff(lp, axis=1) <= 0) and np.all(lp <= 0)
     assert np.exp(lp[:3, 0]).mean() > np.exp(lp[-3:, 0]).mean()
+
+
+def test_host_round_walks_the_chain_and_one_search_walks_the_same_tree():
+    ids, lp = synthetic_marginals(15, 8, np.random.default_rng(0))
+    for n in (0, 15, 127):
+        acc, fused = host_round(ids, lp, n, prefix_len=64), host_round_one_search(ids, lp, n, prefix_len=64)
+        assert acc.tokens.tolist() == ids[: acc.num_accepted, 0].tolist()
+        assert acc.path.tolist() == fused.path.tolist() and acc.next_root == fused.next_root

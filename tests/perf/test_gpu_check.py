@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cast_trtllm.profile import WidthProfile
-from perf import gpu_check
+from perf import gpu_check, gpu_kernel
 from plugins.tree_attention import tree_attention_reference
 
 SCRIPT = Path(gpu_check.__file__).with_suffix(".sh")
@@ -38,8 +38,8 @@ def test_correctness_section_fails_on_a_wrong_kernel(monkeypatch):
     def off_by_a_bit(*args):
         return tree_attention_reference(*args) * 1.01 + 1e-3
 
-    monkeypatch.setattr(gpu_check, "kernel_or_reference", lambda device: (off_by_a_bit, "broken"))
-    result = gpu_check.check_correctness(torch.device("cpu"), dry_run=True, seed=0)
+    monkeypatch.setattr(gpu_kernel, "kernel_or_reference", lambda device: (off_by_a_bit, "broken"))
+    result = gpu_kernel.check_correctness(torch.device("cpu"), dry_run=True, seed=0)
     assert result["kernel"] == "broken" and not result["ok"]
     assert all(not c["ok"] and c["max_abs_err"] > c["tolerance"] for c in result["cases"])
 

@@ -1,0 +1,291 @@
+"""`OnlineCostModel`: the verify cost per width bucket, learned from the rounds this machine runs.
+
+A width profile is measured once, on one machine, at one thread count; used anywhere else
+it prices width wrongly (a 1-thread CPU profile at 2 threads is about 3x too steep, so
+`auto` packs trees far too narrow). This model learns the table instead:
+
+- ell(bucket, B): verify ms of B requests each padded to `bucket` packed tokens. Every
+  verify the engine runs is a reading (`observe_verify`): the per-request packed width
+  ceil(n / B) falls in the smallest bucket >= it. A cell's estimate is the lower quartile
+  of its last `window` readings: on a shared machine latency noise is one-sided (a stall
+  adds time, nothing removes it), so stalls, even several in one window, do not move it,
+  and every cell is read the same way, which keeps the cells comparable.
+- draft_ms(B): what drafting adds to a round (the drafter call and the tree/mask host
+  work), read the same way (`observe_draft`).
+- cells never measured are filled from the `prior` (a width profile row or a first-use
+  probe, packed count -> ms at B = 1; B > 1 reads it at B x bucket packed tokens) mapped
+  onto the measured cells by an affine fit a + s * prior: the prior keeps its shape (its
+  cliffs), the live cells set level and slope. Two measured buckets correct an affine
+  prior exactly, whatever its slope. Without a prior, an affine fit of the measured
+  cells in packed tokens; with one cell, flat (optimistic: wider looks free until read).
+  A cell read fewer than `min_readings` times is priced at most at its fill.
+- exploration: every `probe_every`-th `choose`, a neighbour bucket of the chosen one with
+  fewer than `min_readings` readings (or none for `refresh_rounds` rounds) is played
+  instead, wider first, so a wrong prior cannot lock in a narrow tree.
+
+`choose` is `WidthPolicy.choose`'s contract: the table rule argmax_N (B + g(N)) /
+(draft_ms + ell(bucket(N))) over the learned table, a drafted round's cost including its
+draft. An undrafted (AR) round costs ell(1) and commits 1 token; `draft_pays` compares
+the two from the same table, and `cast_trtllm.draft_gate.DraftGate(costs=model)` asks it,
+so the gate never skips a tree the width rule prices as a win. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
+from cast_trtllm.width_rules import WidthChoice, check_masses, table_rule_width
+
+SCHEMA_VERSION = 1
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+MIN_MS = 1e-3  # a filled cell is never cheaper than this
+
+
+@dataclass(slots=True)
+class OnlineCostModel:
+    buckets: Sequence[int] = DEFAULT_BUCKETS  # packed widths per request, ascending
+    prior: Mapping[int, float] | None = None  # packed count n -> verify ms at B = 1
+    prior_draft_ms: float = 0.0  # draft cost until one is read
+    window: int = 9  # readings kept per cell (estimate: their lower quartile)
+    min_readings: int = 3  # a cell with fewer is unknown: a neighbour probe plays it
+    probe_every: int = 4  # every k-th choose may play a neighbour bucket
+    refresh_rounds: int = 512  # a neighbour unread this many rounds is probed again
+    rank_cap: int = 8  # K: tokens kept per drafted position (the runtime reads it)
+    min_budget: int = 0
+    max_budget: int | None = None  # None: widest bucket - 1
+    mass_exponent: float = 1.0  # calibration: a node's acceptance ~= rho ** exponent
+    # learned state, changed only by observe_* (and choose's probe counter)
+    verify: dict[int, dict[int, list[float]]] = field(default_factory=dict, init=False)  # [batch][bucket]
+    draft: dict[int, list[float]] = field(default_factory=dict, init=False)  # [batch] -> ms readings
+    rounds: int = field(default=0, init=False)  # verify readings so far (the `refresh_rounds` clock)
+    last_read: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False)
+    chooses: int = field(default=0, init=False, repr=False)
+    tables: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # verify_ms cache
+
+    def __post_init__(self) -> None:
+        self.buckets = ascending_ints(tuple(self.buckets), "OnlineCostModel.buckets")
+        if self.prior is not None:
+            n = ascending_ints(sorted(self.prior), "OnlineCostModel.prior packed counts")
+            self.prior = dict(zip(n, milliseconds_list([self.prior[k] for k in n], "OnlineCostModel.prior",
+                                                       "ms", "packed count", n)))
+        milliseconds(self.prior_draft_ms, "OnlineCostModel.prior_draft_ms", positive=False)
+        for name in ("window", "min_readings", "probe_every", "refresh_rounds", "rank_cap"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"OnlineCostModel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_readings > self.window:
+            raise ValueError(f"OnlineCostModel.min_readings ({self.min_readings}) cannot exceed "
+                             f"window ({self.window}): a cell would never become known")
+        if not self.mass_exponent > 0:
+            raise ValueError(f"OnlineCostModel.mass_exponent must be > 0, got {self.mass_exponent}")
+        widest = self.buckets[-1] - 1
+        self.max_budget = widest if self.max_budget is None else self.max_budget
+        if not 0 <= self.min_budget <= self.max_budget <= widest:
+            raise ValueError(f"need 0 <= min_budget <= max_budget <= widest bucket - 1 = {widest}, "
+                             f"got {self.min_budget}, {self.max_budget}")
+
+    # -- readings --------------------------------------------------------------------------
+    def observe_verify(self, packed_count: int, ms: float, batch: int = 1) -> None:
+        """One verify pass: `packed_count` tokens over `batch` requests took `ms`.
+
+        A pass wider than batch x the widest bucket is dropped (it prices no bucket)."""
+        if batch < 1 or packed_count < batch:
+            raise ValueError(f"a verify packs >= 1 token per request, got {packed_count} tokens for batch {batch}")
+        milliseconds(ms, "observe_verify ms")
+        self.rounds += 1
+        self.tables.clear()
+        slot = self._slot(-(-packed_count // batch))
+        if slot < len(self.buckets):
+            bucket = self.buckets[slot]
+            self._push(self.verify.setdefault(batch, {}).setdefault(bucket, []), ms)
+            self.last_read[(batch, bucket)] = self.rounds
+
+    def observe_draft(self, ms: float, batch: int = 1) -> None:
+        """What drafting added to one round of `batch` requests (drafter call + tree host work)."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self._push(self.draft.setdefault(batch, []), milliseconds(ms, "observe_draft ms", positive=False))
+
+    def _push(self, readings: list[float], ms: float) -> None:
+        readings.append(float(ms))
+        del readings[:-self.window]
+
+    # -- the learned table -------------------------------------------------------------------
+    def verify_ms(self, batch: int = 1) -> np.ndarray:
+        """[buckets] ell(bucket, batch): measured cells, the rest filled (module docstring)."""
+        if batch not in self.tables:
+            self.tables[batch] = self._table(batch)
+        return self.tables[batch]
+
+    def _table(self, batch: int) -> np.ndarray:
+        row = self.verify.get(batch, {})
+        own = {b: typical(v) for b, v in row.items()}
+        cells = [(batch * b, ms) for b, ms in own.items()] or [  # no cell of its own: every batch's
+            (bb * b, typical(v)) for bb, r in self.verify.items() for b, v in r.items()]
+        x_cells, y_cells = np.array(cells, np.float64).reshape(-1, 2).T  # [M] packed tokens of the pass, ms
+        filled = self._fill(np.array(self.buckets, np.float64) * batch, x_cells, y_cells)
+        # a cell read fewer than min_readings times is priced no higher than the fill: one
+        # stalled first reading must not hide a bucket that the other cells say is cheap
+        out = [f if b not in own else own[b] if len(row[b]) >= self.min_readings else min(own[b], f)
+               for b, f in zip(self.buckets, filled.tolist())]
+        return np.maximum(out, MIN_MS)
+
+    def _fill(self, x: np.ndarray, x_cells: np.ndarray, y_cells: np.ndarray) -> np.ndarray:
+        """ell at packed-token totals x [C] from measured cells (totals x_cells [M], ms y_cells [M])."""
+        if len(x_cells) == 0:
+            return np.ones_like(x) if self.prior is None else self._prior_at(x)
+        if self.prior is None:
+            slope, intercept = _robust_line(x_cells, y_cells)
+            if not slope > 0:  # one width read, or no rise: flat (optimistic) until more are read
+                return np.full_like(x, np.median(y_cells))
+            return intercept + slope * x
+        basis = self._prior_at(x_cells)
+        slope, intercept = _robust_line(basis, y_cells)
+        if slope > 0:  # the prior's shape at the live level and slope
+            return intercept + slope * self._prior_at(x)
+        return self._prior_at(x) * float(np.median(y_cells / basis))  # one width read, or no trend: scale
+
+    def _prior_at(self, n: np.ndarray) -> np.ndarray:
+        """The prior curve at packed counts n; linear beyond its widest count, flat below its first."""
+        pn, pm = list(self.prior), list(self.prior.values())
+        out = np.interp(n, pn, pm)
+        if len(pn) >= 2:
+            slope = max((pm[-1] - pm[-2]) / (pn[-1] - pn[-2]), 0.0)
+            out = np.where(n > pn[-1], pm[-1] + slope * (n - pn[-1]), out)
+        return out
+
+    def draft_ms(self, batch: int = 1) -> float:
+        """Draft cost at `batch`, linear between measured batch sizes, flat beyond."""
+        known = sorted(b for b, v in self.draft.items() if v)
+        if not known:
+            return self.prior_draft_ms
+        return float(np.interp(batch, known, [typical(self.draft[b]) for b in known]))
+
+    def round_ms(self, packed: int, batch: int = 1, drafted: bool = True) -> float:
+        """Predicted ms of a round packing `packed` tokens per request (+ the draft if drafted)."""
+        slot = min(self._slot(packed), len(self.buckets) - 1)
+        return float(self.verify_ms(batch)[slot]) + (self.draft_ms(batch) if drafted else 0.0)
+
+    def draft_pays(self, expected_committed: float, packed: int, batch: int = 1) -> bool:
+        """Whether a drafted round committing `expected_committed` tokens at `packed` tokens per
+        request beats an AR round (1 token at ell(1)), both priced by this table."""
+        return expected_committed / self.round_ms(packed, batch) >= 1.0 / self.round_ms(1, batch, drafted=False)
+
+    # -- the width rule ----------------------------------------------------------------------
+    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
+        """Budget for this drafted round (WidthPolicy.choose's contract), from the learned table.
+
+        masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
+        requests), calibrated here as rho ** mass_exponent.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        rho = check_masses(masses_desc) ** self.mass_exponent
+        ms, fixed = self.verify_ms(batch), self.draft_ms(batch)
+        lo, hi = min(batch * self.min_budget, len(rho)), min(batch * self.max_budget, len(rho))
+        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, lo, hi, batch)
+        self.chooses += 1
+        if self.chooses % self.probe_every == 0:
+            budget, bucket = self._explore(budget, bucket, batch, lo, hi)
+        cost = fixed + ms[self.buckets.index(bucket)]
+        return WidthChoice(budget, bucket, float((batch + rho[:budget].sum()) / cost))
+
+    def _explore(self, budget: int, bucket: int, batch: int, lo: int, hi: int) -> tuple[int, int]:
+        """A neighbour of `bucket` that needs reading, as (budget filling it, it); else unchanged."""
+        j = self.buckets.index(bucket)
+        for k in (j + 1, j - 1):  # wider first: narrow lock-in is the failure to undo
+            if not 0 <= k < len(self.buckets):
+                continue
+            fill = batch * (self.buckets[k] - 1)  # the widest budget the neighbour holds
+            readings = self.verify.get(batch, {}).get(self.buckets[k], [])
+            stale = self.rounds - self.last_read.get((batch, self.buckets[k]), 0) > self.refresh_rounds
+            if lo <= fill <= hi and (len(readings) < self.min_readings or stale):
+                return fill, self.buckets[k]
+        return budget, bucket
+
+    def _slot(self, width: int) -> int:
+        return int(np.searchsorted(self.buckets, width))
+
+    # -- persistence -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """What was learned about this machine (readings, buckets, prior); not the policy knobs."""
+        return {
+            "schema_version": SCHEMA_VERSION, "buckets": list(self.buckets),
+            "prior": None if self.prior is None else {str(n): ms for n, ms in self.prior.items()},
+            "prior_draft_ms": self.prior_draft_ms, "window": self.window,
+            "verify_ms": {str(b): {str(k): list(v) for k, v in row.items()} for b, row in self.verify.items()},
+            "draft_ms": {str(b): list(v) for b, v in self.draft.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **knobs: Any) -> OnlineCostModel:
+        """Parse and validate `to_dict` output; `knobs` set the policy fields (rank_cap, ...)."""
+        data = fields_of(data, "cost_model", {"schema_version", "buckets", "prior", "prior_draft_ms",
+                                              "window", "verify_ms", "draft_ms"})
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(f"cost_model.schema_version: this build reads version {SCHEMA_VERSION}, "
+                             f"got {data['schema_version']}")
+        prior = None if data["prior"] is None else int_keyed(data["prior"], "cost_model.prior")
+        model = cls(buckets=data["buckets"], prior=prior, prior_draft_ms=data["prior_draft_ms"],
+                    window=data["window"], **knobs)
+        for b, row in int_keyed(data["verify_ms"], "cost_model.verify_ms").items():
+            path = f'cost_model.verify_ms["{b}"]'
+            for bucket, values in int_keyed(row, path).items():
+                if bucket not in model.buckets:
+                    raise ValueError(f'{path}["{bucket}"]: not one of the buckets {list(model.buckets)}')
+                readings = milliseconds_list(values, f'{path}["{bucket}"]')
+                model.verify.setdefault(b, {})[bucket] = list(readings[-model.window:])
+        for b, values in int_keyed(data["draft_ms"], "cost_model.draft_ms").items():
+            model.draft[b] = [milliseconds(v, f'cost_model.draft_ms["{b}"][{i}]', positive=False)
+                              for i, v in enumerate(values)][-model.window:]
+        return model
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, **knobs: Any) -> OnlineCostModel:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()), **knobs)
+        except (ValueError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: {err}") from err
+
+
+def typical(readings: Sequence[float]) -> float:
+    """A cell's estimate: the lower quartile of its readings (the smallest of up to 4)."""
+    return sorted(readings)[(len(readings) - 1) // 4]
+
+
+def _robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil-Sen fit y ~ intercept + slope * x (median pairwise slope): one outlier cell among
+    three or more does not tilt it. (nan, nan) when x has fewer than two distinct values."""
+    i, j = np.triu_indices(len(x), k=1)
+    apart = x[i] != x[j]
+    if not apart.any():
+        return float("nan"), float("nan")
+    slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
+    return slope, float(np.median(y - slope * x))
+
+
+def cost_cache_key(device_name: str, backend: str, dtype: str, threads: int, target_name: str) -> str:
+    """One file name per machine and configuration, e.g. `cpu-amd-epyc__sdpa__float32__t2__smollm2-135m`."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    slugs = ["-".join("".join(c if c.isalnum() else " " for c in str(p).lower()).split())
+             for p in (device_name, backend, dtype, f"t{threads}", target_name)]
+    if not all(slugs):
+        raise ValueError(f"every cache key part needs a letter or digit, got {(device_name, backend, dtype, target_name)}")
+    return "__".join(slugs)
+
+
+def default_cache_dir() -> Path:
+    """Where learned tables live: `$CAST_CACHE_DIR/cost`, else `~/.cache/cast-trtllm/cost`."""
+    root = os.environ.get("CAST_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "cast-trtllm") / "cost"

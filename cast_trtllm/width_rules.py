@@ -1,0 +1,108 @@
+"""Width rules: how many nodes N to pack, given the round's masses and a cost curve (paper §3.3, App. B.3-B.4).
+
+Terminology:
+- packed count n = N + 1: tokens in one verify pass (pending root + N tree nodes).
+- prefix masses rho_(1) >= rho_(2) >= ...: the sorted node masses of the candidate
+  universe; g(N) = rho_(1) + ... + rho_(N) is the expected accepted length of the best
+  budget-N tree, so a round commits 1 + g(N) tokens in expectation.
+- throughput f(N) = (1 + g(N)) / ell(N) tokens/ms; batched: (G(M) + B) / ell(M, B) for a
+  total budget M shared by B requests (the masses are then the pooled order statistics).
+- bucket: a packed width compiled/captured ahead; a tree of N nodes pays the latency of
+  the smallest bucket >= N + 1 (per request: >= (B + M) / B).
+
+Pure numpy functions; `WidthPolicy` (a width profile) and `OnlineCostModel` (a learned
+table) call them once per round and return a `WidthChoice`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from cast_trtllm.cost_curve import check_curve
+
+
+class WidthChoice(NamedTuple):
+    budget: int                     # N (batch 1) or total M (batch B): nonroot nodes to pack
+    bucket: int                     # packed width per request the verify is padded to
+    predicted_tokens_per_ms: float  # (B + g) / (fixed + ell(bucket))
+
+
+def marginal_stopping_width(masses_desc: np.ndarray, ell0_ms: float, c1_ms: float,
+                            n_min: int = 0, n_max: int | None = None) -> int:
+    """Theorem 2: budget N* under the affine round time ell(N) = ell0 + c1 * N.
+
+    From N = n_min, add node N+1 while rho_(N+1) >= (1 + g(N)) / ell(N) * c1 (the next
+    node's mass pays at least the token-time exchange rate). Throughput is unimodal, so
+    the first failure is a maximizer; n_max (default: all masses) is the other boundary.
+    """
+    return batched_stopping_width(masses_desc, 1, ell0_ms, c1_ms, n_min, n_max)
+
+
+def batched_stopping_width(global_masses_desc: np.ndarray, batch: int, ell0_ms: float,
+                           c1_ms: float, m_min: int = 0, m_max: int | None = None) -> int:
+    """Proposition 3: total budget M* for B requests sharing one verify pass.
+
+    `global_masses_desc` are the pooled order statistics of all B requests' universes
+    (Proposition 2); ell(M, B) = ell0 + c1 * M. Add global node M+1 while
+    rho_(M+1) >= (G(M) + B) / ell(M, B) * c1. B = 1 is Theorem 2.
+    """
+    rho = check_masses(global_masses_desc)  # [U]
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if ell0_ms <= 0 or c1_ms < 0:
+        raise ValueError(f"need ell0_ms > 0 and c1_ms >= 0 (Theorem 2), got "
+                         f"ell0_ms={ell0_ms}, c1_ms={c1_ms}; clamp a negative fitted slope to 0")
+    lo, hi = _budget_range(len(rho), m_min, m_max)
+    committed = batch + np.concatenate([[0.0], np.cumsum(rho)])  # [U+1] G(M) + B
+    m = np.arange(lo, hi)                                         # candidate M to grow from
+    grow = rho[m] * (ell0_ms + c1_ms * m) >= committed[m] * c1_ms  # rho_(M+1) ell(M) >= (G+B) c1
+    stops = np.flatnonzero(~grow)
+    return int(m[stops[0]]) if len(stops) else hi
+
+
+def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: np.ndarray,
+                     fixed_ms: float = 0.0, n_min: int = 0, n_max: int | None = None,
+                     batch: int = 1) -> tuple[int, int]:
+    """Exact width over a measured bucket table: argmax_N (B + g(N)) / (fixed + ell(bucket(N))).
+
+    A budget N pays the latency of the smallest bucket >= (B + N) / B packed tokens per
+    request (B = 1: >= N + 1). No affine assumption, so a cliff is crossed only when the
+    extra mass pays for it. Returns (N, bucket); ties go to the smaller N.
+    """
+    rho = check_masses(masses_desc)  # [U]
+    buckets, ms = check_curve(buckets_n, bucket_ms)
+    if fixed_ms < 0:
+        raise ValueError(f"fixed_ms must be >= 0, got {fixed_ms}")
+    capacity = batch * (int(buckets[-1]) - 1)
+    lo, hi = _budget_range(min(len(rho), capacity), n_min, n_max)
+    budgets = np.arange(lo, hi + 1)                                      # [C]
+    slot = bucket_slot(buckets, budgets, batch)                          # [C] bucket index
+    committed = batch + np.concatenate([[0.0], np.cumsum(rho)])[budgets]
+    best = int(np.argmax(committed / (fixed_ms + ms[slot])))
+    return int(budgets[best]), int(buckets[slot[best]])
+
+
+def check_masses(masses_desc) -> np.ndarray:
+    """Validate [U] masses: probabilities sorted descending."""
+    rho = np.asarray(masses_desc, dtype=np.float64)
+    if rho.ndim != 1:
+        raise ValueError(f"masses must be 1-D, got shape {rho.shape}")
+    if np.any(rho < 0) or np.any(rho > 1 + 1e-9) or np.any(np.diff(rho) > 1e-12):
+        raise ValueError("masses must be probabilities in [0, 1] sorted in descending order "
+                         "(use tree.sorted_prefix_masses)")
+    return rho
+
+
+def bucket_slot(buckets, budget, batch: int):
+    """Index of the smallest bucket >= (batch + budget) / batch packed tokens per request."""
+    return np.searchsorted(buckets, np.ceil((batch + np.asarray(budget)) / batch))
+
+
+def _budget_range(available: int, n_min: int, n_max: int | None) -> tuple[int, int]:
+    hi = available if n_max is None else min(n_max, available)
+    if n_min < 0 or n_min > hi:
+        raise ValueError(f"need 0 <= n_min <= n_max, got n_min={n_min}, n_max={n_max} "
+                         f"with {available} candidate nodes available")
+    return n_min, hi

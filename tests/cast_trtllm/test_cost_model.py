@@ -1,0 +1,199 @@
+"""The online cost model learns ell(bucket) on the machine it runs on, whatever its prior says."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cast_trtllm.cost_model import (
+    DEFAULT_BUCKETS, OnlineCostModel, cost_cache_key, default_cache_dir,
+)
+from cast_trtllm.draft_gate import DraftGate
+from cast_trtllm.width import WidthPolicy
+from cast_trtllm.width_rules import table_rule_width
+
+BUCKETS = np.array(DEFAULT_BUCKETS)
+MASSES = 0.95 * 0.9 ** np.arange(255)  # [255] sorted node masses of a peaked round
+SLOW_MASSES = 0.9 * np.arange(1, 256) ** -0.8  # [255] a round whose width keeps paying a little
+DRAFT_MS = 5.0
+
+
+def true_ms(n):  # this machine: 20 ms + 0.9 ms per packed token (a 2-thread CPU, say)
+    return 20.0 + 0.9 * np.asarray(n, np.float64)
+
+
+def steep_prior() -> dict[int, float]:  # the shipped profile: 3x the slope (probed at 1 thread)
+    return {int(n): 20.0 + 2.7 * n for n in BUCKETS}
+
+
+def run_rounds(model: OnlineCostModel, rounds: int, seed: int = 0, outliers: float = 0.0,
+               masses: np.ndarray = MASSES) -> list[int]:
+    """Play `rounds` drafted rounds: each verify reads true_ms(bucket) with 2% noise, a share
+    `outliers` of them 5x (a stall). Returns the budget chosen each round."""
+    rng = np.random.default_rng(seed)
+    budgets = []
+    for _ in range(rounds):
+        choice = model.choose(masses)
+        ms = true_ms(choice.bucket) * (1 + 0.02 * rng.standard_normal())
+        model.observe_verify(choice.budget + 1, ms * (5.0 if rng.random() < outliers else 1.0))
+        model.observe_draft(DRAFT_MS * (1 + 0.02 * rng.standard_normal()))
+        budgets.append(choice.budget)
+    return budgets
+
+
+def table_width(ms: np.ndarray, draft_ms: float = DRAFT_MS, masses: np.ndarray = MASSES) -> int:
+    return table_rule_width(masses, BUCKETS, ms, draft_ms)[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_3x_too_steep_prior_is_corrected_within_100_rounds_and_the_true_width_is_chosen(seed):
+    truth = table_width(true_ms(BUCKETS))
+    assert table_width(np.array(list(steep_prior().values()))) < truth  # the prior alone packs too narrow
+    model = OnlineCostModel(prior=steep_prior())
+    budgets = run_rounds(model, 100, seed=seed)
+    assert table_width(model.verify_ms(), model.draft_ms()) == truth
+    assert budgets[-12:].count(truth) >= 8  # the rest are neighbour probes
+    read = [i for i, b in enumerate(DEFAULT_BUCKETS) if len(model.verify[1].get(b, [])) >= 3]
+    np.testing.assert_allclose(model.verify_ms()[read], true_ms(BUCKETS[read]), rtol=0.05)
+    np.testing.assert_allclose(model.verify_ms(), true_ms(BUCKETS), rtol=0.10)  # unread: filled
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ten_percent_stalls_do_not_move_the_learned_table(seed):
+    model = OnlineCostModel(prior=steep_prior())
+    run_rounds(model, 200, seed=seed, outliers=0.10)
+    read = [i for i, b in enumerate(DEFAULT_BUCKETS) if len(model.verify[1].get(b, [])) >= 3]
+    assert len(read) >= 3
+    np.testing.assert_allclose(model.verify_ms()[read], true_ms(BUCKETS[read]), rtol=0.05)
+    assert table_width(model.verify_ms(), model.draft_ms()) == table_width(true_ms(BUCKETS))
+
+
+def test_unmeasured_neighbours_are_probed_so_a_wrong_prior_cannot_lock_in_a_narrow_tree():
+    prior = {int(n): 20.0 + 30.0 * n for n in BUCKETS}  # wildly steep: width looks ruinous
+    model = OnlineCostModel(prior=prior, probe_every=4)
+    first = model.choose(MASSES).bucket
+    budgets = run_rounds(model, 120)
+    assert len(model.verify[1]) >= 4  # buckets beyond the first choice were read
+    assert budgets[-1] + 1 > first and table_width(model.verify_ms(), model.draft_ms()) == \
+        table_width(true_ms(BUCKETS))
+
+
+def test_every_probe_every_th_choice_plays_an_unread_neighbour_wider_first():
+    model = OnlineCostModel(buckets=(1, 4, 8, 16), prior={1: 10.0, 4: 11.0, 8: 12.0, 16: 30.0}, probe_every=3)
+    picks = [model.choose(MASSES).bucket for _ in range(3)]
+    assert picks[:2] == [8, 8] and picks[2] == 16  # the third call probes the wider neighbour
+    for _ in range(3):
+        model.observe_verify(16, 30.0)
+    assert [model.choose(MASSES).bucket for _ in range(3)][2] == 4  # wider is read: the narrower one
+
+
+def test_without_a_prior_a_flat_machine_gets_wide_trees_and_a_steep_one_narrow_trees():
+    flat, steep = OnlineCostModel(), OnlineCostModel()
+    for b in DEFAULT_BUCKETS:
+        for _ in range(3):
+            flat.observe_verify(b, 20.0 + 0.01 * b)
+            steep.observe_verify(b, 20.0 + 5.0 * b)
+    assert flat.choose(SLOW_MASSES).budget == DEFAULT_BUCKETS[-1] - 1
+    assert steep.choose(SLOW_MASSES).budget <= 3
+
+
+def test_without_a_prior_two_read_widths_extrapolate_affinely_and_one_reads_flat():
+    model = OnlineCostModel(buckets=(1, 8, 16, 32))
+    model.observe_verify(8, 30.0)
+    np.testing.assert_allclose(model.verify_ms(), [30.0] * 4)  # optimistic until a second width is read
+    model.observe_verify(16, 38.0)
+    np.testing.assert_allclose(model.verify_ms(), [23.0, 30.0, 38.0, 54.0])
+
+
+def test_a_batch_without_readings_is_priced_by_packed_tokens_from_the_others():
+    model = OnlineCostModel(buckets=(1, 2, 4, 8, 16, 32))
+    for b in (1, 2, 4, 8, 16, 32):
+        model.observe_verify(b, 10.0 + b)
+    np.testing.assert_allclose(model.verify_ms(batch=4), 10.0 + 4 * np.array([1, 2, 4, 8, 16, 32]))
+    model.observe_verify(8, 99.0, batch=4)  # 2 tokens each: its own cell now
+    assert model.verify_ms(batch=4)[1] == 99.0
+
+
+def test_with_every_bucket_read_choose_agrees_with_width_policy_on_the_same_table():
+    model = OnlineCostModel(probe_every=10_000, mass_exponent=1.5)
+    for b in DEFAULT_BUCKETS:
+        for _ in range(3):
+            model.observe_verify(b, float(true_ms(b)))
+    model.observe_draft(DRAFT_MS)
+    policy = WidthPolicy(buckets=DEFAULT_BUCKETS, batch_sizes=(1,), bucket_ms=(tuple(true_ms(BUCKETS)),),
+                         intercept_ms=(20.0,), slope_ms=(0.9,), fixed_ms=(DRAFT_MS,), mass_exponent=1.5)
+    for masses in (MASSES, MASSES ** 3, np.full(40, 0.9)):
+        assert model.choose(masses) == pytest.approx(policy.choose(masses))
+
+
+def test_the_gate_with_costs_drafts_whenever_the_table_prices_the_tree_above_ar():
+    model = OnlineCostModel(buckets=(1, 16), probe_every=10_000)
+    for _ in range(3):
+        model.observe_verify(1, 20.0)
+        model.observe_verify(16, 28.0)
+    model.observe_draft(5.0)
+    assert model.draft_pays(2.0, 16) and not model.draft_pays(1.5, 16)  # 2/33 > 1/20 > 1.5/33
+    gate, wall_clock = DraftGate(costs=model), DraftGate()
+    for g in (gate, wall_clock):  # stalls made these drafted rounds slow on the wall clock
+        g.record(True, 2, 80.0, expected=2.0, packed=16)
+        g.record(False, 1, 20.0)
+    assert gate.draft_next() and not wall_clock.draft_next()
+
+
+def test_json_round_trip_keeps_readings_and_the_table(tmp_path):
+    model = OnlineCostModel(prior=steep_prior(), prior_draft_ms=4.0)
+    run_rounds(model, 30)
+    model.observe_verify(8, 50.0, batch=2)
+    path = tmp_path / "cost" / "m.json"
+    model.save(path)
+    again = OnlineCostModel.load(path, mass_exponent=1.3)
+    assert again.to_dict() == model.to_dict() == json.loads(path.read_text())
+    np.testing.assert_allclose(again.verify_ms(), model.verify_ms())
+    np.testing.assert_allclose(again.verify_ms(batch=2), model.verify_ms(batch=2))
+    assert again.draft_ms() == model.draft_ms() and again.mass_exponent == 1.3
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(schema_version=2), "cost_model.schema_version: this build reads version 1, got 2"),
+    (lambda d: d.pop("buckets"), "cost_model.buckets: missing"),
+    (lambda d: d["verify_ms"]["1"].update({"7": [1.0]}), 'cost_model.verify_ms["1"]["7"]: not one of the buckets'),
+    (lambda d: d["verify_ms"]["1"]["8"].append(-1.0), 'cost_model.verify_ms["1"]["8"][1]: expected ms > 0'),
+    (lambda d: d["draft_ms"].update({"x": []}), 'cost_model.draft_ms: key "x" is not a decimal integer'),
+])
+def test_a_broken_cache_file_names_the_field(tmp_path, edit, message):
+    model = OnlineCostModel()
+    model.observe_verify(8, 30.0)
+    model.observe_draft(5.0)
+    data = model.to_dict()
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"bad\.json: ") as err:
+        OnlineCostModel.load(path)
+    assert message in str(err.value)
+
+
+def test_cache_key_names_machine_and_configuration_and_the_dir_follows_the_env(monkeypatch, tmp_path):
+    key = cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 2, "SmolLM2-135M-Instruct")
+    assert key == "cpu-amd-epyc__sdpa__float32__t2__smollm2-135m-instruct"
+    assert key != cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 1, "SmolLM2-135M-Instruct")
+    monkeypatch.setenv("CAST_CACHE_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "cost"
+    monkeypatch.delenv("CAST_CACHE_DIR")
+    assert default_cache_dir().parts[-3:] == (".cache", "cast-trtllm", "cost")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: OnlineCostModel(buckets=(4, 2)), "strictly ascending"),
+    (lambda: OnlineCostModel(window=3, min_readings=5), "cannot exceed window"),
+    (lambda: OnlineCostModel(prior={1: 10.0, 8: -1.0}), "packed count 8"),
+    (lambda: OnlineCostModel(max_budget=500), "widest bucket"),
+    (lambda: OnlineCostModel().observe_verify(2, 10.0, batch=4), ">= 1 token per request"),
+    (lambda: OnlineCostModel().observe_verify(8, float("nan")), "expected ms > 0"),
+    (lambda: cost_cache_key("", "sdpa", "float32", 2, "t"), "letter or digit"),
+])
+def test_bad_input_raises_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
