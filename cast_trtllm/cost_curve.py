@@ -96,3 +96,14 @@ def check_curve(n, ms) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(ms)):
         raise ValueError(f"latencies must be finite, got {ms.tolist()}")
     return n, ms
+
+
+def robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil-Sen fit y ~ intercept + slope * x (median pairwise slope): one outlier cell among
+    three or more does not tilt it. (nan, nan) when x has fewer than two distinct values."""
+    i, j = np.triu_indices(len(x), k=1)
+    apart = x[i] != x[j]
+    if not apart.any():
+        return float("nan"), float("nan")
+    slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
+    return slope, float(np.median(y - slope * x))

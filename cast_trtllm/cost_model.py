@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from cast_trtllm.cost_curve import robust_line
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
 from cast_trtllm.width_rules import WidthChoice, check_masses, table_rule_width
 
@@ -141,12 +142,12 @@ class OnlineCostModel:
         if len(x_cells) == 0:
             return np.ones_like(x) if self.prior is None else self._prior_at(x)
         if self.prior is None:
-            slope, intercept = _robust_line(x_cells, y_cells)
+            slope, intercept = robust_line(x_cells, y_cells)
             if not slope > 0:  # one width read, or no rise: flat (optimistic) until more are read
                 return np.full_like(x, np.median(y_cells))
             return intercept + slope * x
         basis = self._prior_at(x_cells)
-        slope, intercept = _robust_line(basis, y_cells)
+        slope, intercept = robust_line(basis, y_cells)
         if slope > 0:  # the prior's shape at the live level and slope
             return intercept + slope * self._prior_at(x)
         return self._prior_at(x) * float(np.median(y_cells / basis))  # one width read, or no trend: scale
@@ -176,6 +177,18 @@ class OnlineCostModel:
         """Whether a drafted round committing `expected_committed` tokens at `packed` tokens per
         request beats an AR round (1 token at ell(1)), both priced by this table."""
         return expected_committed / self.round_ms(packed, batch) >= 1.0 / self.round_ms(1, batch, drafted=False)
+
+    def best_rate(self, masses_desc: np.ndarray, batch: int = 1) -> float:
+        """Tokens/ms of the table rule's best tree for these masses (drafted round), no exploration."""
+        rho = check_masses(masses_desc) ** self.mass_exponent
+        ms, fixed = self.verify_ms(batch), self.draft_ms(batch)
+        lo, hi = min(batch * self.min_budget, len(rho)), min(batch * self.max_budget, len(rho))
+        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, lo, hi, batch)
+        return float((batch + rho[:budget].sum()) / (fixed + ms[self.buckets.index(bucket)]))
+
+    def ar_rate(self, batch: int = 1) -> float:
+        """Tokens/ms of an undrafted (AR) round."""
+        return batch / self.round_ms(1, batch, drafted=False)
 
     # -- the width rule ----------------------------------------------------------------------
     def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
@@ -261,17 +274,6 @@ class OnlineCostModel:
 def typical(readings: Sequence[float]) -> float:
     """A cell's estimate: the lower quartile of its readings (the smallest of up to 4)."""
     return sorted(readings)[(len(readings) - 1) // 4]
-
-
-def _robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Theil-Sen fit y ~ intercept + slope * x (median pairwise slope): one outlier cell among
-    three or more does not tilt it. (nan, nan) when x has fewer than two distinct values."""
-    i, j = np.triu_indices(len(x), k=1)
-    apart = x[i] != x[j]
-    if not apart.any():
-        return float("nan"), float("nan")
-    slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
-    return slope, float(np.median(y - slope * x))
 
 
 def cost_cache_key(device_name: str, backend: str, dtype: str, threads: int, target_name: str) -> str:

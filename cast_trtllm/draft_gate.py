@@ -14,10 +14,13 @@ plays the arm with the higher tokens/ms, and tries the other arm once every
 `probe_every` rounds so a change of domain or of machine load is noticed.
 
 Costs come from one of two places. With `costs` (the engine's `OnlineCostModel`), both
-arms are priced by the table the width rule chose the tree from: a drafted round at the
-bucket of the request's last tree (draft included), an AR round at ell(1). The gate then
-drafts exactly when the width rule's tree is predicted to beat AR, so it never leaves a
-winning tree unused (and never waits for an AR round to price AR). Without `costs` (a
+arms are priced by the table the width rule chooses trees from: a drafted round as the
+best tree the width rule would build on this request's typical prefix masses (EWMA of
+its drafted rounds' sorted masses, scaled by its realized / predicted acceptance), draft
+included, against an AR round at ell(1). The gate then drafts exactly when the width
+rule's tree is predicted to beat AR — one narrow round (an unlucky block, a cold table)
+does not lock the request into AR — so it never leaves a winning tree unused (and never
+waits for an AR round to price AR). A fixed-N request is priced at its tree's bucket. Without `costs` (a
 fixed budget, no learned table), the arms' own EWMA wall-clock ms are used, so the
 decision still follows the machine as it runs, not a profile taken under other load.
 
@@ -35,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
 
 
 @dataclass(slots=True)
@@ -62,6 +67,8 @@ class RoundCosts(Protocol):
     """Prices both arms from one cost table (`cast_trtllm.cost_model.OnlineCostModel`)."""
 
     def draft_pays(self, expected_committed: float, packed: int, batch: int = 1) -> bool: ...
+    def best_rate(self, masses_desc: np.ndarray, batch: int = 1) -> float: ...
+    def ar_rate(self, batch: int = 1) -> float: ...
 
 
 @dataclass(slots=True)
@@ -82,6 +89,7 @@ class DraftGate:
     realized: float = 0.0      # accepted (non-root) tokens of drafted rounds with a forecast
     predicted: float = 0.0     # their forecast accepted tokens
     packed: int | None = None  # packed tokens of the last drafted round (priced by `costs`)
+    masses: np.ndarray | None = None  # EWMA of drafted rounds' sorted prefix masses (priced by `costs`)
     _since_other: int = 0      # rounds since the arm not being played last ran
 
     def __post_init__(self) -> None:
@@ -93,7 +101,7 @@ class DraftGate:
             raise ValueError(f"DraftGate.prior_tokens must be > 0, got {self.prior_tokens}")
 
     def record(self, drafted: bool, committed: int, round_ms: float, expected: float | None = None,
-               packed: int | None = None) -> None:
+               packed: int | None = None, masses: np.ndarray | None = None) -> None:
         """One finished round: committed tokens (>= 1), its wall ms (draft included) and, for
         a drafted round, its forecast committed length 1 + sum of calibrated node masses and
         its packed tokens N + 1 (what `costs` prices it at)."""
@@ -108,9 +116,20 @@ class DraftGate:
             tokens = expected
         if drafted and packed is not None:
             self.packed = packed
+        if drafted and masses is not None:
+            self._blend(np.asarray(masses, dtype=np.float64))
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._since_other = 0 if drafted != self.best_is_speculate() else self._since_other + 1
+
+    def _blend(self, masses: np.ndarray) -> None:
+        """EWMA of descending mass vectors (zero-padded): it stays descending."""
+        if self.masses is None:
+            self.masses = masses.copy()
+            return
+        n = max(len(self.masses), len(masses))
+        old, new = np.pad(self.masses, (0, n - len(self.masses))), np.pad(masses, (0, n - len(masses)))
+        self.masses = old + self.alpha * (new - old)
 
     @property
     def correction(self) -> float:
@@ -127,6 +146,9 @@ class DraftGate:
     def best_is_speculate(self) -> bool:
         """The arm with the higher tokens/ms: priced by `costs` where given, else measured
         (speculate until AR is measured)."""
+        if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR
+            typical = np.minimum(self.masses * (self.correction if self.predicted > 0 else 1.0), 1.0)
+            return self.costs.best_rate(typical) >= self.costs.ar_rate()
         if self.costs is not None and self.packed is not None:
             return self.costs.draft_pays(self.speculate_tokens(), self.packed)
         if self.autoregressive.rounds == 0:

@@ -146,7 +146,7 @@ class LLMEngine:
             draft_logits = self.drafter.draft([s.draft_state for s in drafting], [s.root for s in drafting])
             draft_logits = draft_logits[:, : self.spec.draft_positions(draft_logits.shape[1])]  # [B', L, V]
         t1 = clock.now()
-        trees, row_logits = self._trees(batch, drafting, draft_logits)
+        trees, row_logits, masses = self._trees(batch, drafting, draft_logits)
         packs = [np.concatenate([[s.root], t.tokens]).astype(np.int64) for s, t in zip(batch, trees)]
         t2 = clock.now()
         logits, taps = self.target.verify([s.target for s in batch], packs, trees)
@@ -159,23 +159,25 @@ class LLMEngine:
             if seq.done:
                 finished.append(seq)
         t4 = clock.now()
-        self._account(batch, trees, drafting, (t0, t1, t2, t3, t4))
+        self._account(batch, trees, masses, drafting, (t0, t1, t2, t3, t4))
         self.active = [s for s in batch if not s.done]
         return finished
 
     def _trees(self, batch: list[Sequence], drafting: list[Sequence], draft_logits: torch.Tensor | None):
-        """Trees of every request (empty for those not drafting) and each one's draft logits."""
-        trees, row_logits = [Tree.empty()] * len(batch), [None] * len(batch)
+        """Per request: its tree (empty when not drafting), draft logits and auto's masses."""
+        trees, row_logits, masses = [Tree.empty()] * len(batch), [None] * len(batch), [None] * len(batch)
         if draft_logits is None:
-            return trees, row_logits
+            return trees, row_logits, masses
         ids, lp = topk(draft_logits, self.spec.rank_cap)
-        chosen = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
-                              [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width)
+        chosen, chosen_masses = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
+                                             [self.target.prefix_len(s.target) for s in drafting], ids, lp,
+                                             self.spec, self.width)
         index = {id(s): j for j, s in enumerate(drafting)}
         for b, seq in enumerate(batch):
             if id(seq) in index:
-                trees[b], row_logits[b] = chosen[index[id(seq)]], draft_logits[index[id(seq)]]
-        return trees, row_logits
+                j = index[id(seq)]
+                trees[b], row_logits[b], masses[b] = chosen[j], draft_logits[j], chosen_masses[j]
+        return trees, row_logits, masses
 
     def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft_logits: torch.Tensor | None) -> Acceptance:
         """Accept a path of the verified tree. logits: [n, V]; draft_logits: [L, V] or None."""
@@ -203,7 +205,8 @@ class LLMEngine:
             if taps is not None and seq.method != "ar":
                 seq.pending_taps.append(taps[torch.from_numpy(kept_rows).to(taps.device)])
 
-    def _account(self, batch: list[Sequence], trees: list[Tree], drafting: list[Sequence], marks) -> None:
+    def _account(self, batch: list[Sequence], trees: list[Tree], masses: list, drafting: list[Sequence],
+                 marks) -> None:
         """App. D timings and the draft gate's readings, per request."""
         t0, t1, t2, t3, t4 = marks
         draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
@@ -213,7 +216,7 @@ class LLMEngine:
                 self.cost.observe_draft(draft_ms + (t2 - t1) * 1e3, len(drafting))
         overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
         drafted = {id(s) for s in drafting}
-        for seq, tree in zip(batch, trees):
+        for seq, tree, mass in zip(batch, trees, masses):
             t = seq.timings
             first = seq.num_rounds == 1
             if first and id(seq) in drafted:  # the first draft is outside the decode window
@@ -228,7 +231,7 @@ class LLMEngine:
                 was = id(seq) in drafted
                 expected = expected_committed(tree, self._beta(seq)) if was else None
                 seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                                packed=tree.num_packed if was else None)
+                                packed=tree.num_packed if was else None, masses=mass)
                 seq.draft_next = seq.gate.draft_next()
 
     def _beta(self, seq: Sequence) -> float:

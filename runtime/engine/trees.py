@@ -45,9 +45,11 @@ def choose_trees(
     lp: np.ndarray,  # [B, L, K]
     spec: SpecConfig,
     width: WidthSource | None,
-) -> list[Tree]:
-    """One tree per drafted request (same order as `methods`)."""
+) -> tuple[list[Tree], list[np.ndarray | None]]:
+    """One tree per drafted request (same order as `methods`), and the sorted prefix masses
+    each `auto` request's tree was chosen from (None for the others)."""
     trees: list[Tree | None] = [None] * len(methods)
+    masses: list[np.ndarray | None] = [None] * len(methods)
     auto = []
     for b, (method, budget) in enumerate(zip(methods, budgets)):
         if method == "chain":
@@ -61,17 +63,19 @@ def choose_trees(
             raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
         rule = width(max(prefix_lens[b] for b in auto))
         limit = min(rule.max_budget * len(auto), spec.max_nodes(ids.shape[1]) * len(auto))
+        for b in auto:
+            masses[b] = sorted_prefix_masses(lp[b], limit // len(auto))
         if len(auto) == 1:
             b = auto[0]
-            n = int(rule.choose(sorted_prefix_masses(lp[b], limit), batch=1).budget)
+            n = int(rule.choose(masses[b], batch=1).budget)
             trees[b] = build_tree(ids[b], lp[b], n)
         else:
-            pooled = np.sort(np.concatenate([sorted_prefix_masses(lp[b], limit) for b in auto]))[::-1][:limit]
+            pooled = np.sort(np.concatenate([masses[b] for b in auto]))[::-1][:limit]
             total = int(rule.choose(pooled, batch=len(auto)).budget)
             shared = allocate_shared_budget([(ids[b], lp[b]) for b in auto], total, cap=spec.max_request_width)
             for b, tree in zip(auto, shared):
                 trees[b] = tree
-    return trees  # type: ignore[return-value]
+    return trees, masses  # type: ignore[return-value]
 
 
 def expected_committed(tree: Tree, beta: float) -> float:

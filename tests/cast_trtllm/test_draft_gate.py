@@ -1,5 +1,6 @@
 """The draft gate plays the arm (drafted round or AR round) with more tokens per measured ms."""
 
+import numpy as np
 import pytest
 
 from cast_trtllm.draft_gate import DraftGate
@@ -75,3 +76,31 @@ def test_a_round_without_tokens_or_time_is_rejected():
         DraftGate().record(True, 0, 10.0)
     with pytest.raises(ValueError, match="expected committed length"):
         DraftGate().record(True, 1, 10.0, expected=0.5)
+
+
+def _flat_table():
+    """Verify costs 20 ms at every width, drafting 5 ms: any tree with mass beats AR."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(prior={1: 20.0, 128: 20.0}, prior_draft_ms=5.0)
+    for bucket in model.buckets:
+        for _ in range(3):
+            model.observe_verify(bucket, 20.0)
+    return model
+
+
+def test_with_costs_one_empty_tree_does_not_lock_the_request_into_ar():
+    """The gate prices the width rule's best tree on the request's typical masses, not
+    the last tree: an unlucky round that built no tree (N = 0) leaves drafting on."""
+    gate = DraftGate(costs=_flat_table())
+    rich = np.array([0.9, 0.8, 0.7, 0.5, 0.3])
+    gate.record(True, 4, 30.0, expected=3.2, packed=6, masses=rich)
+    gate.record(True, 1, 25.0, expected=1.0, packed=1, masses=np.zeros(5))  # an empty tree
+    assert gate.draft_next()
+
+
+def test_with_costs_a_request_whose_trees_cannot_pay_runs_ar():
+    gate = DraftGate(costs=_flat_table())
+    for _ in range(3):
+        gate.record(True, 1, 30.0, expected=1.01, packed=2, masses=np.array([0.01]))
+    assert not gate.best_is_speculate()
