@@ -1,15 +1,20 @@
-"""Triton Inference Server Python-backend model `cast` (copied to `<repo>/cast/1/model.py`).
+"""Triton Python-backend model with the interface of TensorRT-LLM's `ensemble`
+(copied to `<repo>/ensemble/1/model.py`; inputs and outputs: `runtime.serving.requests`).
 
 `execute` only validates and enqueues: every request is answered through its response
-sender by the scheduler thread, so requests arriving while a batch decodes join it at
-the next round (continuous batching). Decoupled mode streams one response per round
-with the newly committed tokens; default mode sends one response at the end. Invalid
-requests, overload, timeouts and shutdown each get an error response for that request
-only; the model keeps serving.
+sender by the scheduler thread (`runtime.serving.reply`), so requests arriving while a
+batch decodes join it at the next round (continuous batching). Decoupled mode streams
+one response per round to `stream=true` requests and gives the others one final
+response; default mode (no streaming) answers each request once. Invalid requests,
+overload, timeouts and shutdown each get an error response for that request only; a
+client that goes away has its sequences dropped at the next round. The model keeps
+serving. Project modules are imported after `initialize` puts the project root on
+`sys.path` (this file runs from the model repository).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,8 +22,9 @@ import sys
 import threading
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
+
+LOG = logging.getLogger("cast.triton")
 
 
 def _project_on_path(params: dict) -> None:
@@ -38,9 +44,14 @@ class TritonPythonModel:
 
         logging.basicConfig(level=logging.INFO)
         self.cfg = ServingConfig.from_params(params)
+        if args.get("model_instance_kind") == "GPU":  # instance_group KIND_GPU: this instance's device
+            self.cfg = dataclasses.replace(self.cfg, device=f"cuda:{args['model_instance_device_id']}")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.engine = build_engine(self.cfg)
-        self.scheduler = Scheduler(self.engine.engine, self.cfg.max_batch, self.cfg.max_queue, self.cfg.request_timeout_s)
+        tokenizer, eos = self.engine.tokenizer, self.engine.engine.eos_token_ids
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+        cfg = self.cfg
+        self.scheduler = Scheduler(self.engine.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
         self.scheduler.start()
         self._count = 0
         drain_file = os.environ.get("CAST_DRAIN_FILE")  # runtime.serving.server.DRAIN_ENV
@@ -53,61 +64,36 @@ class TritonPythonModel:
             time.sleep(0.1)
         self.scheduler.shutdown(self.cfg.shutdown_grace_s)
 
-    # ------------------------------------------------------------------ responses
-    def _response(self, live, sent_tokens: int, sent_rounds: int, final: bool):
-        """Tokens and round lengths after the first `sent_*` (already streamed) ones."""
-        decode = self.engine.tokenizer.decode
-        text = decode(live.tokens, skip_special_tokens=True)
-        if sent_tokens:  # streaming: the new suffix of the text
-            text = text[len(decode(live.tokens[:sent_tokens], skip_special_tokens=True)):]
-        reason = (live.finish_reason or "") if final else ""
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-            pb_utils.Tensor("output_ids", np.array(live.tokens[sent_tokens:], dtype=np.int32)),
-            pb_utils.Tensor("accept_lengths", np.array(live.accept_lengths[sent_rounds:], dtype=np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)),
-        ])
+    def _parse(self, request, request_id: str) -> list:
+        from runtime.serving.requests import parse_request, split_batch
 
-    @staticmethod
-    def _error(sender, message: str) -> None:
-        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        rows = split_batch({t.name(): t.as_numpy() for t in request.inputs()})
+        target = self.engine.engine
+        parsed = [parse_request(f"{request_id}/{i}", row, self.cfg, self.engine.encode, target.context_window,
+                                target.target.config.vocab_size) for i, row in enumerate(rows)]
+        if any(o.stream for _, o in parsed):
+            if not self.decoupled:
+                raise ValueError("input 'stream'=true needs a decoupled model: write the repository with "
+                                 "`cast-trtllm triton-repo --decoupled` (as TensorRT-LLM's decoupled_mode)")
+            if len(parsed) > 1:
+                raise ValueError(f"input 'stream'=true takes one prompt per request, got a batch of {len(parsed)}")
+        return parsed
 
-    def _callbacks(self, sender):
-        sent = {"tokens": 0, "rounds": 0}  # what earlier streamed responses carried
-
-        def on_tokens(live) -> None:
-            if self.decoupled:
-                sender.send(self._response(live, sent["tokens"], sent["rounds"], final=False))
-                sent["tokens"], sent["rounds"] = len(live.tokens), len(live.accept_lengths)
-
-        def on_done(live, error) -> None:
-            if error is not None:
-                self._error(sender, error)
-                return
-            response = self._response(live, sent["tokens"], sent["rounds"], final=True)
-            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-        return on_tokens, on_done
-
-    # ------------------------------------------------------------------ Triton entry points
     def execute(self, requests):
-        from runtime.serving.requests import parse_request
-        from runtime.serving.scheduler import Overloaded
+        from runtime.serving.reply import Reply, send_error
 
         for request in requests:
             sender = request.get_response_sender()
             self._count += 1
-            request_id = request.request_id() or f"req-{self._count}"
+            request_id = f"{request.request_id() or 'req'}#{self._count}"  # unique: clients may reuse ids
             try:
-                inputs = {t.name(): t.as_numpy() for t in request.inputs()}
-                gen = parse_request(request_id, inputs, self.cfg, self.engine.encode,
-                                    self.engine.engine.context_window)
-                self.scheduler.submit(gen, *self._callbacks(sender))
-            except (ValueError, Overloaded) as err:
-                self._error(sender, str(err))
+                rows = self._parse(request, request_id)
+                Reply(self.scheduler, self.engine.tokenizer, self.pad_id, sender, rows, request_id).submit()
+            except ValueError as err:
+                send_error(sender, str(err))
             except Exception as err:  # never let one request kill the model
-                self._error(sender, f"request failed: {type(err).__name__}: {err}")
+                LOG.exception("request %s failed", request_id)
+                send_error(sender, f"request failed: {type(err).__name__}: {err}")
         return None
 
     def finalize(self) -> None:

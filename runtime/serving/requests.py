@@ -1,14 +1,22 @@
-"""Request tensors → a validated `runtime.engine.Request`, with errors a client can act on.
+"""Request tensors of TensorRT-LLM's Triton `ensemble` → a validated `runtime.engine.Request`.
 
-Input names and types follow TensorRT-LLM's Triton backend (`text_input`, `max_tokens`,
-`temperature`, `top_k`, `top_p`, `seed`, `stop_words`) plus CAST's `method` / `budget`.
+Every input of TensorRT-LLM's `triton_backend/all_models/inflight_batcher_llm/ensemble`
+is declared with its exact name, type and dims, plus CAST's `method` / `budget`. Each
+one is either honoured, accepted only at its neutral value (the value that asks for
+nothing, e.g. `beam_width` 1, `bad_words` ""), or refused: never silently ignored.
 Every problem raises `ValueError` naming the input; the model turns it into an error
 response for that request only.
+
+TensorRT-LLM semantics kept: empty strings in `stop_words` / `bad_words` mean "none";
+`top_p` 0 means "off"; `end_id` REPLACES the model's end-of-sequence ids (-1: never stop
+at one); `exclude_input_in_output` false (the default) puts the prompt text before the
+generated text of a non-streaming answer.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -18,24 +26,106 @@ from cast_trtllm.spec_config import METHODS, check_budget
 from runtime.engine import Request
 from runtime.serving.config import ServingConfig
 
-# name -> (Triton datatype, numpy kinds accepted, required)
-INPUTS: dict[str, tuple[str, str, bool]] = {
-    "text_input": ("BYTES", "OSU", True),
-    "max_tokens": ("INT32", "i", False),
-    "temperature": ("FP32", "f", False),
-    "top_k": ("INT32", "i", False),
-    "top_p": ("FP32", "f", False),
-    "seed": ("UINT64", "u", False),
-    "stop_words": ("BYTES", "OSU", False),
-    "method": ("BYTES", "OSU", False),
-    "budget": ("BYTES", "OSU", False),
+# Triton datatype -> numpy dtype kinds accepted for it
+KINDS = {"STRING": "OSU", "INT32": "i", "UINT64": "u", "INT64": "i", "FP32": "f", "FP16": "f", "BOOL": "b"}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: str  # Triton datatype without TYPE_ ("STRING", "INT32", ...)
+    dims: tuple[int, ...] = (1,)  # without the batch dimension
+    optional: bool = True
+    ragged: bool = False  # allow_ragged_batch
+
+
+_S, _I, _F, _B = "STRING", "INT32", "FP32", "BOOL"
+# upstream order; `max_tokens` is required upstream, optional here (default_max_tokens)
+INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_input", _S, optional=False), TensorSpec("decoder_text_input", _S),
+    TensorSpec("max_tokens", _I), TensorSpec("num_return_sequences", _I),
+    TensorSpec("bad_words", _S, (-1,)), TensorSpec("stop_words", _S, (-1,)),
+    TensorSpec("exclude_input_in_output", _B), TensorSpec("end_id", _I), TensorSpec("pad_id", _I),
+    TensorSpec("top_k", _I), TensorSpec("top_p", _F), TensorSpec("temperature", _F),
+    TensorSpec("length_penalty", _F), TensorSpec("repetition_penalty", _F), TensorSpec("min_tokens", _I),
+    TensorSpec("presence_penalty", _F), TensorSpec("frequency_penalty", _F), TensorSpec("seed", "UINT64"),
+    TensorSpec("return_log_probs", _B), TensorSpec("return_context_logits", _B),
+    TensorSpec("return_generation_logits", _B), TensorSpec("return_perf_metrics", _B),
+    TensorSpec("return_num_input_tokens", _B), TensorSpec("return_num_output_tokens", _B),
+    TensorSpec("beam_width", _I), TensorSpec("stream", _B),
+    TensorSpec("prompt_embedding_table", "FP16", (-1, -1)), TensorSpec("prompt_table_extra_id", "UINT64"),
+    TensorSpec("prompt_vocab_size", _I), TensorSpec("embedding_bias_words", _S, (-1,)),
+    TensorSpec("embedding_bias_weights", _F, (-1,)), TensorSpec("lora_task_id", "UINT64"),
+    TensorSpec("lora_weights", "FP16", (-1, -1), ragged=True), TensorSpec("lora_config", _I, (-1, 3), ragged=True),
+    TensorSpec("guided_decoding_guide_type", _S, ragged=True), TensorSpec("guided_decoding_guide", _S, ragged=True),
+    # CAST's own: the speculative method and tree budget of this request
+    TensorSpec("method", _S), TensorSpec("budget", _S),
+)
+OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_output", _S, (-1,)),  # [batch, 1]: text (streaming: the new text of this response)
+    TensorSpec("acceptance_rate", _F),  # total_accepted_draft_tokens / total_draft_tokens
+    TensorSpec("total_accepted_draft_tokens", _I),  # sum over drafted rounds of (committed - 1)
+    TensorSpec("total_draft_tokens", _I),  # sum of tree sizes N of drafted rounds
+    TensorSpec("num_input_tokens", _I),  # with return_num_input_tokens
+    TensorSpec("num_output_tokens", _I),  # with return_num_output_tokens
+    TensorSpec("arrival_time_ns", "INT64"),  # with return_perf_metrics: wall clock, ns
+    TensorSpec("first_token_time_ns", "INT64"),
+    TensorSpec("last_token_time_ns", "INT64"),
+    TensorSpec("output_ids", _I, (-1,)),  # generated token ids (streaming: the new ones; batch: pad_id-padded)
+    TensorSpec("accept_lengths", _I, (-1,)),  # committed tokens of each verify round (R = A + 1; 0-padded)
+    TensorSpec("finish_reason", _S),  # "eos" | "stop" | "length"; "" until the last response
+)
+SPECS = {s.name: s for s in INPUTS}
+
+
+def _all_empty(v: np.ndarray) -> bool:
+    return all(not _text(s) for s in v.reshape(-1))
+
+
+def _equals(neutral: float) -> Callable[[np.ndarray], bool]:
+    return lambda v: v.size == 1 and float(v.reshape(-1)[0]) == neutral
+
+
+_PENALTY = "penalties change the target's sampling law and the engine applies none"
+# optional inputs the engine does not implement: accepted only at the value that asks for nothing
+NEUTRAL: dict[str, tuple[Callable[[np.ndarray], bool], str, str]] = {
+    "decoder_text_input": (_all_empty, '""', "it is for encoder-decoder models; this target is decoder-only"),
+    "num_return_sequences": (_equals(1), "1", "one sequence per request (send the prompt several times)"),
+    "beam_width": (_equals(1), "1", "beam search is not supported (CAST verifies one sequence)"),
+    "length_penalty": (_equals(1.0), "1.0", "it applies to beam search only, which is not supported"),
+    "repetition_penalty": (_equals(1.0), "1.0", _PENALTY),
+    "presence_penalty": (_equals(0.0), "0.0", _PENALTY),
+    "frequency_penalty": (_equals(0.0), "0.0", _PENALTY),
+    "min_tokens": (lambda v: v.size == 1 and int(v.reshape(-1)[0]) <= 1, "<= 1",
+                   "the engine cannot keep end-of-sequence from ending a sequence before N tokens"),
+    "bad_words": (_all_empty, '""', "banning words changes the target's law; not implemented losslessly"),
+    "embedding_bias_words": (_all_empty, '""', "a logit bias changes the target's law; not implemented"),
+    "embedding_bias_weights": (lambda v: v.size == 0, "[]", "a logit bias changes the target's law; not implemented"),
+    "return_log_probs": (_equals(0), "false", "the engine does not keep log-probabilities"),
+    "return_context_logits": (_equals(0), "false", "the engine does not return logits"),
+    "return_generation_logits": (_equals(0), "false", "the engine does not return logits"),
+    "guided_decoding_guide_type": (_all_empty, '""', "guided decoding is not supported"),
+    "guided_decoding_guide": (_all_empty, '""', "guided decoding is not supported"),
 }
-OUTPUTS: dict[str, str] = {
-    "text_output": "BYTES",
-    "output_ids": "INT32",
-    "accept_lengths": "INT32",  # committed tokens of each verify round (R = A + 1)
-    "finish_reason": "BYTES",  # "eos" | "stop" | "length"
+_PTUNING, _LORA = "prompt tuning is not supported", "LoRA adapters are not supported"
+REFUSED = {  # inputs refused whenever present
+    "prompt_embedding_table": _PTUNING, "prompt_table_extra_id": _PTUNING, "prompt_vocab_size": _PTUNING,
+    "lora_task_id": _LORA, "lora_weights": _LORA, "lora_config": _LORA,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseOptions:
+    """What the answer to one request must carry, beyond the engine's `Request`."""
+
+    prompt: str  # text_input as sent
+    stream: bool = False
+    exclude_input: bool = False  # exclude_input_in_output
+    end_id: int | None = None  # None: the model's EOS ids; -1: none; else the ONLY end id
+    pad_id: int | None = None
+    num_input_tokens: bool = False
+    num_output_tokens: bool = False
+    perf_metrics: bool = False
 
 
 def _text(value: Any) -> str:
@@ -54,60 +144,104 @@ def _scalar(inputs: dict[str, np.ndarray], name: str) -> Any:
     return arr.reshape(-1)[0]
 
 
-def parse_request(
-    request_id: str,
-    inputs: dict[str, np.ndarray],
-    cfg: ServingConfig,
-    encode: Callable[[str], list[int]],
-    context_window: int,
-) -> Request:
-    """Validate the request's tensors and tokenize its prompt."""
-    unknown = sorted(set(inputs) - set(INPUTS))
+def split_batch(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Triton tensors [batch, ...] → one dict per batch row (every input has the batch dim)."""
+    sizes = {arr.shape[0] if arr.ndim else 0 for arr in inputs.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"every input needs the same leading batch dimension, got shapes "
+                         f"{ {k: list(v.shape) for k, v in inputs.items()} }")
+    return [{name: arr[i] for name, arr in inputs.items()} for i in range(sizes.pop())]
+
+
+def _check_types(inputs: dict[str, np.ndarray]) -> None:
+    unknown = sorted(set(inputs) - set(SPECS))
     if unknown:
-        raise ValueError(f"unknown input(s) {unknown}; accepted inputs are {sorted(INPUTS)}")
-    for name, (dtype, kinds, required) in INPUTS.items():
-        if name not in inputs:
-            if required:
-                raise ValueError(f"missing required input '{name}' ({dtype})")
+        raise ValueError(f"unknown input(s) {unknown}; accepted inputs are {sorted(SPECS)}")
+    for spec in INPUTS:
+        if spec.name not in inputs:
+            if not spec.optional:
+                raise ValueError(f"missing required input '{spec.name}' (TYPE_{spec.dtype})")
             continue
-        if inputs[name].dtype.kind not in kinds:
-            raise ValueError(f"input '{name}' must be {dtype}, got numpy dtype {inputs[name].dtype}")
-    prompt = _text(_scalar(inputs, "text_input"))
-    if not prompt.strip():
-        raise ValueError("input 'text_input' is empty: send a non-empty prompt")
-    max_tokens = int(_scalar(inputs, "max_tokens")) if "max_tokens" in inputs else cfg.default_max_tokens
-    if not 1 <= max_tokens <= cfg.max_tokens_limit:
-        raise ValueError(f"max_tokens={max_tokens} is out of range: must be in [1, {cfg.max_tokens_limit}]")
+        dtype = inputs[spec.name].dtype
+        if dtype.kind not in KINDS[spec.dtype]:
+            raise ValueError(f"input '{spec.name}' must be TYPE_{spec.dtype}, got numpy dtype {dtype}")
+    for name in sorted(set(inputs) & set(REFUSED)):
+        raise ValueError(f"input '{name}' is not supported: {REFUSED[name]}")
+    for name in sorted(set(inputs) & set(NEUTRAL)):
+        accepts, neutral, why = NEUTRAL[name]
+        if not accepts(inputs[name]):
+            shown = [_text(v) if inputs[name].dtype.kind in "OSU" else v.item() for v in inputs[name].reshape(-1)]
+            raise ValueError(f"input '{name}'={shown[0] if len(shown) == 1 else shown} is not supported: "
+                             f"{why}; send {neutral} or leave it out")
+
+
+def _token_id(inputs: dict[str, np.ndarray], name: str, vocab_size: int, allow_none: bool) -> int | None:
+    if name not in inputs:
+        return None
+    value = int(_scalar(inputs, name))
+    if not (0 <= value < vocab_size or (allow_none and value == -1)):
+        allowed = f"[0, {vocab_size})" + (" or -1 (no end id)" if allow_none else "")
+        raise ValueError(f"input '{name}'={value} is not a token id: must be in {allowed}")
+    return value
+
+
+def _flag(inputs: dict[str, np.ndarray], name: str) -> bool:
+    return bool(_scalar(inputs, name)) if name in inputs else False
+
+
+def _sampling(inputs: dict[str, np.ndarray]) -> SamplingParams:
     temperature = float(_scalar(inputs, "temperature")) if "temperature" in inputs else 0.0
     top_p = float(_scalar(inputs, "top_p")) if "top_p" in inputs else 1.0
     if not math.isfinite(temperature) or not math.isfinite(top_p):
         raise ValueError(f"temperature ({temperature}) and top_p ({top_p}) must be finite numbers")
     seed = int(_scalar(inputs, "seed")) if "seed" in inputs else None
     try:
-        sampling = SamplingParams(
+        return SamplingParams(
             temperature=temperature,
             top_k=int(_scalar(inputs, "top_k")) if "top_k" in inputs else 0,
-            top_p=top_p,
+            top_p=1.0 if top_p == 0.0 else top_p,  # TensorRT-LLM: top_p 0 = off
             seed=None if seed is None else seed % (1 << 63),
         )
     except ValueError as err:
         raise ValueError(f"bad sampling parameters: {err}") from err
-    stops = tuple(_text(s) for s in inputs["stop_words"].reshape(-1)) if "stop_words" in inputs else ()
-    if any(not s for s in stops):
-        raise ValueError("input 'stop_words' holds an empty string; every stop word must be non-empty")
+
+
+def parse_request(
+    request_id: str,
+    inputs: dict[str, np.ndarray],
+    cfg: ServingConfig,
+    encode: Callable[[str], list[int]],
+    context_window: int,
+    vocab_size: int,
+) -> tuple[Request, ResponseOptions]:
+    """Validate one batch row's tensors and tokenize its prompt."""
+    _check_types(inputs)
+    prompt = _text(_scalar(inputs, "text_input"))
+    if not prompt.strip():
+        raise ValueError("input 'text_input' is empty: send a non-empty prompt")
+    max_tokens = int(_scalar(inputs, "max_tokens")) if "max_tokens" in inputs else cfg.default_max_tokens
+    if not 1 <= max_tokens <= cfg.max_tokens_limit:
+        raise ValueError(f"max_tokens={max_tokens} is out of range: must be in [1, {cfg.max_tokens_limit}]")
+    stops = tuple(s for s in (_text(v) for v in inputs.get("stop_words", np.zeros(0)).reshape(-1)) if s)
     method = _text(_scalar(inputs, "method")).strip().lower() if "method" in inputs else None
     if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
     budget = None
     if "budget" in inputs:
-        try:
-            budget = check_budget(_text(_scalar(inputs, "budget")).strip().lower(), "input 'budget'")
-        except ValueError as err:
-            raise ValueError(str(err)) from None
+        budget = check_budget(_text(_scalar(inputs, "budget")).strip().lower(), "input 'budget'")
+    end_id = _token_id(inputs, "end_id", vocab_size, allow_none=True)
+    options = ResponseOptions(
+        prompt=prompt, stream=_flag(inputs, "stream"), exclude_input=_flag(inputs, "exclude_input_in_output"),
+        end_id=end_id, pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False),
+        num_input_tokens=_flag(inputs, "return_num_input_tokens"),
+        num_output_tokens=_flag(inputs, "return_num_output_tokens"), perf_metrics=_flag(inputs, "return_perf_metrics"),
+    )
     ids = encode(prompt)
     if len(ids) + max_tokens > context_window:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
             f"{context_window} tokens; shorten the prompt or lower max_tokens"
         )
-    return Request(tuple(ids), max_tokens, sampling, stops, method, budget, request_id=request_id)
+    request = Request(tuple(ids), max_tokens, _sampling(inputs), stops, method, budget,
+                      ignore_eos=end_id is not None, request_id=request_id)
+    return request, options

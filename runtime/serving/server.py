@@ -147,21 +147,31 @@ class TritonServer:
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout_s: float | None = None) -> int:
-        """SIGTERM (graceful: Triton drains in-flight requests), then SIGKILL on timeout."""
-        if self.process is None or self.process.poll() is not None:
-            return self.process.returncode if self.process else 0
-        self.terminate()
-        try:
-            return self.process.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 15)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.process.returncode
+        """SIGTERM (graceful: Triton drains in-flight requests), then SIGKILL on timeout.
+
+        Backend stubs left behind (Triton exits without them when its exit timeout
+        expires) are killed with it: they are in its process group.
+        """
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.terminate()
+            try:
+                self.process.wait(timeout_s if timeout_s is not None else self.exit_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        return self.process.returncode
 
     def kill(self) -> None:
         """SIGKILL the server and its backend stubs (its own process group): the crash case."""
-        if self.process is not None and self.process.poll() is None:
+        if self.process is None:
+            return
+        try:
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        except ProcessLookupError:  # the whole group has exited
+            pass
+        self.process.wait()
 
     def __enter__(self) -> "TritonServer":
         return self.start()

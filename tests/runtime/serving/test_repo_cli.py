@@ -21,7 +21,7 @@ def test_llm_api_options_set_the_drafter_and_profile_as_absolute_paths(tmp_path,
         "  speculative_model: head\n  budget: auto\n  width_profile: profile.json\n"))
     result = CliRunner().invoke(triton_repo, ["--out", "repo", "--extra-llm-api-options", options])
     assert result.exit_code == 0, result.output
-    config = (tmp_path / "repo" / "cast" / "config.pbtxt").read_text()
+    config = (tmp_path / "repo" / "ensemble" / "config.pbtxt").read_text()
     assert f'"{tmp_path / "head"}"' in config and f'"{tmp_path / "profile.json"}"' in config
 
 

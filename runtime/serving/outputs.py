@@ -1,0 +1,128 @@
+"""What a Triton response reports about a sequence: pure functions over the engine's state.
+
+Terms (TensorRT-LLM's speculative-decoding metrics, computed from the rounds):
+  total_draft_tokens          sum of the tree sizes N of the rounds that drafted
+  total_accepted_draft_tokens sum over those rounds of (committed tokens − 1): the bonus
+                              token each round commits is not a draft token
+  acceptance_rate             accepted / drafted (0 when nothing was drafted)
+A sequence starts with the prefill's token, then each round commits R = A + 1 tokens, so
+len(tokens) == 1 + sum(accept_lengths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence as Seq
+
+import numpy as np
+
+from runtime.stopping import FINISH_EOS
+
+REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
+
+
+@dataclass(slots=True)
+class Progress:
+    """A sequence's tokens and rounds as reported to the client (cut at `end_id`)."""
+
+    tokens: list[int]
+    accept_lengths: list[int]
+    budgets: list[int]  # tree size N per round (0: the round did not draft)
+    drafted: list[bool]
+    finish_reason: str | None = None
+    num_input_tokens: int = 0
+
+    def spec_stats(self) -> tuple[float, int, int]:
+        """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens)."""
+        drafted = sum(n for n, d in zip(self.budgets, self.drafted) if d)
+        accepted = sum(a - 1 for a, d in zip(self.accept_lengths, self.drafted) if d)
+        return (accepted / drafted if drafted else 0.0), accepted, drafted
+
+
+def progress(live: Any, end_id: int | None) -> Progress:
+    """`live` (a `runtime.engine.Sequence`) cut after the first `end_id` token, if any.
+
+    The engine then ran with its EOS ids off (`Request.ignore_eos`): `end_id` replaces them,
+    as in TensorRT-LLM. Cutting afterwards is lossless: the kept prefix has the law it
+    had, and its rounds are cut to the kept tokens (the last kept round may lose tokens).
+    """
+    tokens, reason = list(live.tokens), live.finish_reason
+    if end_id is not None and end_id >= 0 and end_id in tokens:
+        tokens, reason = tokens[: tokens.index(end_id) + 1], FINISH_EOS
+    rounds, left = [], len(tokens) - 1
+    for a in live.accept_lengths:
+        if left <= 0:
+            break
+        rounds.append(min(a, left))
+        left -= rounds[-1]
+    n = len(rounds)
+    return Progress(tokens, rounds, list(live.budgets[:n]), list(live.drafted[:n]), reason,
+                    len(live.request.prompt_ids))
+
+
+class TextStream:
+    """Text of a growing token list, sent in pieces that join to the full text.
+
+    A piece never ends in an incomplete UTF-8 character (it is held back until the tokens
+    that complete it arrive, or until the last response).
+    """
+
+    def __init__(self, tokenizer: Any, prefix: str = "") -> None:
+        self.tokenizer, self.prefix, self.sent = tokenizer, prefix, 0  # chars of text already sent
+
+    def full(self, tokens: Seq[int]) -> str:
+        return self.prefix + self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+    def piece(self, tokens: Seq[int], final: bool) -> str:
+        text = self.full(tokens)
+        if not final:
+            text = text.rstrip(REPLACEMENT)
+        out = text[self.sent:]
+        self.sent = max(self.sent, len(text))
+        return out
+
+
+@dataclass(slots=True)
+class RowOutput:
+    """One batch row of a response."""
+
+    text: str
+    ids: list[int]
+    accept_lengths: list[int]
+    finish_reason: str
+    stats: tuple[float, int, int]
+    num_input_tokens: int | None = None  # None: not asked for
+    num_output_tokens: int | None = None
+    times_ns: tuple[int, int, int] | None = None  # arrival, first token, last token (perf metrics)
+
+
+def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), pad, dtype=np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def response_arrays(rows: list[RowOutput], pad_id: int) -> dict[str, np.ndarray]:
+    """Output tensors [batch, ...] of one response; optional outputs only where asked for."""
+    def column(values, dtype) -> np.ndarray:
+        return np.array(values, dtype=dtype).reshape(len(rows), 1)
+
+    out = {
+        "text_output": column([r.text.encode("utf-8") for r in rows], np.object_),
+        "acceptance_rate": column([r.stats[0] for r in rows], np.float32),
+        "total_accepted_draft_tokens": column([r.stats[1] for r in rows], np.int32),
+        "total_draft_tokens": column([r.stats[2] for r in rows], np.int32),
+        "output_ids": _padded([r.ids for r in rows], pad_id),
+        "accept_lengths": _padded([r.accept_lengths for r in rows], 0),
+        "finish_reason": column([r.finish_reason.encode() for r in rows], np.object_),
+    }
+    if all(r.num_input_tokens is not None for r in rows):
+        out["num_input_tokens"] = column([r.num_input_tokens for r in rows], np.int32)
+    if all(r.num_output_tokens is not None for r in rows):
+        out["num_output_tokens"] = column([r.num_output_tokens for r in rows], np.int32)
+    if all(r.times_ns is not None for r in rows):
+        for j, name in enumerate(("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")):
+            out[name] = column([r.times_ns[j] for r in rows], np.int64)
+    return out

@@ -1,0 +1,136 @@
+"""How the `ensemble` model answers one Triton request (imported by `model.py` inside Triton).
+
+A request's batch rows run as separate sequences in the scheduler; the scheduler thread
+calls back after each round. `Reply` turns those callbacks into responses through the
+request's response sender: streamed pieces (decoupled mode, `stream=true`), one final
+response with every row, or one error that ends the request. A client that went away
+(`is_cancelled`) or an `end_id` reached ends its sequences at the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from runtime.engine import Request
+from runtime.serving.outputs import Progress, RowOutput, TextStream, progress, response_arrays
+from runtime.serving.requests import ResponseOptions
+from runtime.serving.scheduler import Overloaded, Scheduler
+
+LOG = logging.getLogger("cast.triton")
+
+
+class Reply:
+    """One Triton request: its batch rows in the scheduler, answered through one sender."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer: Any, pad_id: int, sender: Any,
+                 rows: list[tuple[Request, ResponseOptions]], request_id: str) -> None:
+        self.scheduler, self.pad_id, self.sender, self.rows = scheduler, pad_id, sender, rows
+        self.ids = [req.request_id for req, _ in rows]
+        self.done: list[Progress | None] = [None] * len(rows)  # each finished row
+        self.texts = [TextStream(tokenizer, "" if o.stream or o.exclude_input else o.prompt) for _, o in rows]
+        self.sent = [(0, 0)] * len(rows)  # streaming: (tokens, rounds) already sent
+        self.arrival_ns, self.first_ns = time.time_ns(), [0] * len(rows)
+        self.closed, self.request_id = False, request_id
+        self.lock = threading.Lock()
+
+    def submit(self) -> None:
+        for i, (req, _) in enumerate(self.rows):
+            try:
+                self.scheduler.submit(req, self._on_tokens(i), self._on_done(i))
+            except Overloaded as err:
+                with self.lock:  # rows already queued are cancelled
+                    self._close(str(err))
+                return
+
+    # ------------------------------------------------------------------ scheduler callbacks
+    def _on_tokens(self, i: int):
+        def on_tokens(live) -> None:
+            with self.lock:
+                if self.closed or self.done[i] is not None:
+                    return
+                if self._client_gone():
+                    LOG.info("request %s cancelled by the client after %d tokens", self.request_id, len(live.tokens))
+                    self._close(None)
+                    return
+                p = progress(live, self.rows[i][1].end_id)
+                self.first_ns[i] = self.first_ns[i] or time.time_ns()
+                if p.finish_reason is not None:  # end_id: done here; free the batch slot
+                    self.scheduler.cancel(self.ids[i])
+                    self._row_done(i, p)
+                elif self.rows[i][1].stream and len(p.tokens) > self.sent[i][0]:
+                    self._send([self._row(i, p, final=False)], final=False)
+        return on_tokens
+
+    def _on_done(self, i: int):
+        def on_done(live, error: str | None) -> None:
+            with self.lock:
+                if self.closed or self.done[i] is not None:
+                    return
+                if error is not None:
+                    self._close(error)
+                    return
+                self.first_ns[i] = self.first_ns[i] or time.time_ns()
+                self._row_done(i, progress(live, self.rows[i][1].end_id))
+        return on_done
+
+    # ------------------------------------------------------------------ responses (lock held)
+    def _client_gone(self) -> bool:
+        is_cancelled = getattr(self.sender, "is_cancelled", None)
+        return bool(is_cancelled and is_cancelled())
+
+    def _row(self, i: int, p: Progress, final: bool) -> RowOutput:
+        opts = self.rows[i][1]
+        tokens, rounds = self.sent[i]
+        self.sent[i] = (len(p.tokens), len(p.accept_lengths)) if opts.stream else (0, 0)
+        return RowOutput(
+            text=self.texts[i].piece(p.tokens, final), ids=p.tokens[tokens:], accept_lengths=p.accept_lengths[rounds:],
+            finish_reason=(p.finish_reason or "") if final else "", stats=p.spec_stats(),
+            num_input_tokens=p.num_input_tokens if opts.num_input_tokens else None,
+            num_output_tokens=len(p.tokens) if opts.num_output_tokens else None,
+            times_ns=(self.arrival_ns, self.first_ns[i], time.time_ns()) if opts.perf_metrics else None,
+        )
+
+    def _row_done(self, i: int, p: Progress) -> None:
+        self.done[i] = p
+        if all(d is not None for d in self.done):
+            self._send([self._row(j, d, final=True) for j, d in enumerate(self.done)], final=True)
+            self.closed = True
+
+    def _send(self, rows: list[RowOutput], final: bool) -> None:
+        pad = next((o.pad_id for _, o in self.rows if o.pad_id is not None), self.pad_id)
+        tensors = [pb_utils.Tensor(k, v) for k, v in response_arrays(rows, pad).items()]
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+        except Exception as err:  # the client went away: drop the request
+            LOG.info("request %s: response not delivered (%s); dropping it", self.request_id, err)
+            self._close(None)
+
+    def _close(self, message: str | None) -> None:
+        """Stop every row still running and end the request: with `message` as its error, or
+        (client gone) with a bare final flag, which Triton needs to release the request."""
+        self.closed = True
+        for i, rid in enumerate(self.ids):
+            if self.done[i] is None:
+                self.scheduler.cancel(rid)
+        if message is not None:
+            send_error(self.sender, message)
+            return
+        try:
+            self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as err:
+            LOG.info("request %s: final flag not delivered (%s)", self.request_id, err)
+
+
+def send_error(sender, message: str) -> None:
+    """An error response that closes the request (a sender already closed is ignored)."""
+    try:
+        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    except Exception as err:
+        LOG.info("error response not delivered (%s): %s", err, message)
