@@ -32,6 +32,7 @@ class MethodSpec:
     budget: int | None = None  # cast: fixed N; None = auto (width profile)
     relaxed: Any = None      # RelaxedRule | None
     draft_gate: bool = False  # cast:auto: skip drafting where AR measures faster
+    variant: str | None = None  # execution variant (perf.variants): another backend / dtype / threads
 
     def __post_init__(self) -> None:
         if self.draft_gate and not (self.method == "cast" and self.budget is None):
@@ -39,11 +40,12 @@ class MethodSpec:
 
     @property
     def base_label(self) -> str:
+        at = "" if self.variant is None else f"@{self.variant}"
         if self.method != "cast":
-            return self.method
+            return self.method + at
         if self.budget is not None:
-            return f"cast:{self.budget}"
-        return "cast:auto" if self.draft_gate else "cast:auto-ungated"
+            return f"cast:{self.budget}{at}"
+        return ("cast:auto" if self.draft_gate else "cast:auto-ungated") + at
 
     @property
     def label(self) -> str:
@@ -53,18 +55,24 @@ class MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """`ar,chain,cast:15,cast:auto,cast:auto-ungated` -> specs; bare `cast` means `cast:auto`."""
+    """`ar,chain,cast:15,cast:auto,cast:auto-ungated` -> specs; bare `cast` means `cast:auto`.
+    Any item may end in `@VARIANT` (perf.variants: e.g. `ar@bf16`, `ar@ort-t2`)."""
+    from perf.variants import check_variant
+
     specs = []
     for item in (s.strip() for s in text.split(",")):
+        item, at, variant = item.partition("@")
+        variant = check_variant(variant) if at else None
         name, _, arg = item.partition(":")
         if name in ("ar", "chain") and not arg:
-            specs.append(MethodSpec(name))
+            specs.append(MethodSpec(name, variant=variant))
         elif name == "cast" and arg in ("", "auto", "auto-ungated"):
-            specs.append(MethodSpec("cast", draft_gate=arg != "auto-ungated"))
+            specs.append(MethodSpec("cast", draft_gate=arg != "auto-ungated", variant=variant))
         elif name == "cast" and arg.isdigit() and int(arg) >= 1:
-            specs.append(MethodSpec("cast", int(arg)))
+            specs.append(MethodSpec("cast", int(arg), variant=variant))
         else:
-            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto, cast:auto-ungated or cast:N (N >= 1)")
+            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto, cast:auto-ungated or "
+                             "cast:N (N >= 1), optionally @VARIANT")
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--methods lists a method twice: {labels}")

@@ -118,6 +118,8 @@ def request_row(run: RequestRun) -> dict[str, Any]:
 def summarize(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per method: t, tokens/s, speedup over AR, gain over chain, mean R, TTFT, split."""
     t = {b["label"]: b["performance"]["decode_ms_per_token"] for b in blocks}
+    ar_variants = [v for k, v in t.items() if (k == "ar" or k.startswith("ar@")) and v]
+    best_ar = min(ar_variants) if ar_variants else None
     rows = []
     for b in blocks:
         p, d, mine = b["performance"], b["decoding_stats"], t[b["label"]]
@@ -128,6 +130,7 @@ def summarize(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "ms_per_token": mine,
             "tokens_per_s": p["decode_tokens_per_s"],
             "speedup_over_ar": t["ar"] / mine if "ar" in t and mine else None,
+            "speedup_over_fastest_ar": best_ar / mine if best_ar and mine else None,
             "gain_over_chain": t["chain"] / mine - 1.0 if "chain" in t and mine else None,
             "mean_R": al.get("average"),
             "mean_budget": nd.get("average"),

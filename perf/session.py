@@ -7,7 +7,7 @@ per-request override (method, budget, draft gate) of that engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cast_trtllm.sampling import SamplingParams
@@ -19,11 +19,29 @@ class DecodeSession:
     built: Any  # runtime.engine.build.Built
     ignore_eos: bool = False
     chat: bool = True
+    variants: dict[str, Any] = field(default_factory=dict)  # perf.variants.Variant per name, built on first use
 
     @property
     def engine(self) -> dict[str, Any]:
         """The report's `engine` block."""
-        return {**self.built.describe(), "ignore_eos": self.ignore_eos, "chat_template": self.chat}
+        return {**self.built.describe(), "ignore_eos": self.ignore_eos, "chat_template": self.chat,
+                "variants": {k: v.description for k, v in self.variants.items()}}
+
+    def _run(self, spec: MethodSpec, request: Any):
+        if spec.variant is None:
+            return self.built.engine.generate([request])[0]
+        import torch
+
+        from perf.variants import build_variant
+
+        if spec.variant not in self.variants:
+            self.variants[spec.variant] = build_variant(spec.variant, self.built)
+        variant, threads = self.variants[spec.variant], torch.get_num_threads()
+        torch.set_num_threads(variant.threads or threads)
+        try:
+            return variant.engine.generate([request])[0]
+        finally:
+            torch.set_num_threads(threads)
 
     def encode(self, prompt: str) -> list[int]:
         return self.built.encode(prompt, self.chat)
@@ -39,7 +57,7 @@ class DecodeSession:
                           ignore_eos=self.ignore_eos)
         engine = self.built.engine
         if spec.relaxed is None:
-            return engine.generate([request])[0], None
+            return self._run(spec, request), None
         from perf.relaxed_eval import RelaxedEngine, step_tvs
 
         if not isinstance(engine, RelaxedEngine):

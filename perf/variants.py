@@ -1,0 +1,71 @@
+"""Execution variants of one benchmark session: the same checkpoint run on another
+backend, dtype or thread count, side by side with the session's default engine.
+
+A method label may carry `@VARIANT`, VARIANT = `fp32` | `bf16` | `ort`, optionally
+`-t<threads>` (e.g. `ar@bf16`, `ar@ort-t2`, `cast:auto@fp32-t2`). Each variant gets its
+own engine over a converted copy of the target (and drafter), its own learned cost
+table, and runs with its own torch thread count, restored afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+VARIANT = re.compile(r"^(fp32|bf16|ort)(?:-t([1-9][0-9]*))?$")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "ort": torch.float32}
+
+
+def check_variant(text: str) -> str:
+    if not VARIANT.match(text):
+        raise ValueError(f"execution variant {text!r}: expected fp32, bf16 or ort, optionally -t<threads> "
+                         "(e.g. bf16-t2)")
+    return text
+
+
+@dataclass(slots=True)
+class Variant:
+    engine: Any  # runtime.engine.LLMEngine
+    threads: int | None
+    description: str
+
+
+def build_variant(text: str, built: Any) -> Variant:
+    """The engine of variant `text` next to `built` (runtime.engine.build.Built)."""
+    from runtime.drafter import DrafterExecutor
+    from runtime.engine import LLMEngine
+    from runtime.engine.backend import TorchTarget
+    from runtime.engine.build import online_cost
+
+    kind, threads = VARIANT.match(check_variant(text)).groups()
+    threads = int(threads) if threads else None
+    base = built.engine
+    model = base.target.model
+    dtype = DTYPES[kind]
+    if model.lm_head.weight.dtype != dtype:
+        model = copy.deepcopy(model).to(dtype)
+    taps = base.target.tap_layer_ids
+    if kind == "ort":
+        from runtime.backends.ort_target import OrtTarget
+
+        backend = OrtTarget(model, taps, threads=threads)
+    else:
+        backend = TorchTarget(model, taps)
+    drafter, cost, width = None, None, None
+    if base.drafter is not None:
+        drafter = DrafterExecutor(copy.deepcopy(base.drafter.drafter), model)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads or previous)
+        try:
+            cost, _, _ = online_cost(base.spec, built.models.name, dtype, built.device, backend.name,
+                                     drafter.mass_exponent, base.spec.max_nodes(drafter.num_draft_positions), None)
+        finally:
+            torch.set_num_threads(previous)
+        width = lambda prefix_len: cost
+    engine = LLMEngine(backend, drafter, base.tokenizer, base.eos_token_ids, base.spec, width, cost)
+    return Variant(engine, threads, f"{backend.name} {str(dtype).removeprefix('torch.')}"
+                                    f"{'' if threads is None else f', {threads} thread(s)'}")
