@@ -1,11 +1,11 @@
-"""Generate the committed CPU results page: AR vs chain vs CAST (fixed and auto) per domain.
+"""Generate the committed CPU results page: every domain through the one engine, AR on
+every execution configuration, the DFlash chain, CAST at fixed N and `auto`, side by side.
 
-    python -m perf.results_page --drafter DIR --width-profile PROFILE.json \
-        [--num-prompts 20] [--max-new-tokens 128] [--out perf/results]
+    python -m perf.results_page --num-prompts 20 --max-new-tokens 128 --out perf/results
 
-Writes `<out>/README.md` (tables + the reproduce command), `<out>/bench_<domain>.json`
-(trtllm-bench-shaped reports) and `<out>/accept_hist_<domain>.png`, running every domain
-through the same harness as `cast-trtllm bench`.
+Writes `<out>/README.md` (headline table, per-domain tables, the reproduce command),
+`<out>/bench_<domain>.json` (trtllm-bench-shaped reports), `<out>/accept_hist_<domain>.png`
+and `<out>/speedup_cpu.png`. Methods are interleaved per prompt (`perf.harness`).
 """
 
 from __future__ import annotations
@@ -14,33 +14,98 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from cast_trtllm.sampling import SamplingParams
 from perf.datasets import load_dataset
 from perf.harness import parse_methods, run_bench
-from perf.plots import plot_accept_histograms
+from perf.plots import plot_accept_histograms, save_figure
 from perf.report import build_report, format_table
+from runtime.options import engine_options, model_options, spec_options
 
 DOMAINS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+METHODS = "ar,ar@fp32-t2,ar@bf16,chain,cast:1,cast:3,cast:7,cast:15,cast:31,cast:63,cast:auto,cast:auto-ungated"
+
+
+def headline(reports: dict[str, dict]) -> list[dict[str, Any]]:
+    """Per domain: cast:auto against the fastest AR configuration, the chain and the best fixed N."""
+    rows = []
+    for domain, rep in reports.items():
+        t = {r["method"]: r["ms_per_token"] for r in rep["summary"]}
+        ar = {k: v for k, v in t.items() if k == "ar" or k.startswith("ar@")}
+        fixed = {k: v for k, v in t.items() if k.startswith("cast:") and k.split(":")[1].split("@")[0].isdigit()}
+        fastest_ar = min(ar, key=ar.get) if ar else None
+        best_n = min(fixed, key=fixed.get) if fixed else None
+        auto = t.get("cast:auto")
+        rows.append({
+            "domain": domain, "fastest_ar": fastest_ar, "fastest_ar_ms": ar.get(fastest_ar),
+            "auto_ms": auto, "auto_vs_fastest_ar": ar[fastest_ar] / auto if auto and fastest_ar else None,
+            "auto_vs_chain": t["chain"] / auto - 1 if auto and "chain" in t else None,
+            "best_fixed": best_n, "auto_vs_best_fixed_pp": (100 * (fixed[best_n] / auto - 1)
+                                                            if auto and best_n else None)})
+    return rows
+
+
+def _cell(value, spec, suffix=""):
+    return "-" if value is None else format(value, spec) + suffix
+
+
+def headline_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| domain | fastest AR (ms/tok) | cast:auto ms/tok | auto vs fastest AR | auto vs chain "
+             "| best fixed N | auto vs best fixed |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['domain']} | {r['fastest_ar']} ({_cell(r['fastest_ar_ms'], '.1f')}) "
+                     f"| {_cell(r['auto_ms'], '.1f')} | {_cell(r['auto_vs_fastest_ar'], '.2f', 'x')} "
+                     f"| {_cell(None if r['auto_vs_chain'] is None else 100 * r['auto_vs_chain'], '+.1f', '%')} "
+                     f"| {r['best_fixed']} | {_cell(r['auto_vs_best_fixed_pp'], '+.1f', ' pp')} |")
+    return "\n".join(lines)
+
+
+def plot_speedups(reports: dict[str, dict], out: Path) -> Path:
+    """Speedup over the fastest AR configuration, per method and domain."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    domains = list(reports)
+    methods = [r["method"] for r in reports[domains[0]]["summary"] if not r["method"].startswith("ar")]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        vals = [next((r["speedup_over_fastest_ar"] or 0) for r in reports[d]["summary"] if r["method"] == m)
+                for d in domains]
+        ax.bar(np.arange(len(domains)) + i * width, vals, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(len(domains)) + 0.4 - width / 2, domains)
+    ax.set_ylabel("speedup over the fastest AR configuration")
+    ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    return save_figure(fig, out)
 
 
 def write_page(out: Path, reports: dict[str, dict], command: str) -> Path:
     first = next(iter(reports.values()))
     engine, machine, settings = first["engine"], first["machine"], first["settings"]
     lines = [
-        "# CPU results: AR vs DFlash chain vs CAST",
+        "# CPU results: AR vs DFlash chain vs CAST, one engine",
         "",
         f"Generated by `perf/results_page.py` on {settings['date']}. Timer: {settings['timer']}.",
-        f"Target: {engine.get('model')}; drafter: `{engine.get('drafter')}`; width profile: "
-        f"`{engine.get('width_profile')}`; {settings.get('num_prompts')} prompts per domain, "
-        f"temperature {settings.get('temperature')}, seed {settings.get('seed')}.",
-        f"Machine: {machine['processor']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
-        f"({machine['torch_threads']} threads).",
+        f"Target: {engine.get('target')}; drafter: `{engine.get('drafter')}`; default execution: "
+        f"{engine.get('backend')} {engine.get('dtype')}, {engine.get('threads')} thread(s) ({engine.get('execution')}); "
+        f"`auto` prices trees with: {engine.get('width_profile')}. Variants: {engine.get('variants')}.",
+        f"{settings.get('num_prompts')} prompts per domain x {settings.get('max_new_tokens')} new tokens, "
+        f"temperature {settings.get('temperature')}, methods interleaved per prompt.",
+        f"Machine: {machine.get('cpu_model')}, {machine['cpu_count']} CPUs, torch {machine['torch']}.",
         "",
-        "Columns: decode ms/token t, decode tokens/s, speedup t_AR / t, gain t_chain / t - 1, mean committed",
-        "round length R, mean tree budget N, TTFT, and the share of decode time in draft / verify / overhead.",
+        "## Headline",
+        "",
+        headline_table(headline(reports)),
+        "",
+        "![speedup over the fastest AR](speedup_cpu.png)",
+        "",
+        "Columns below: decode ms/token t, tokens/s, speedup t_AR / t (AR = the default configuration), gain "
+        "t_chain / t - 1, mean committed round length R, mean tree size N, TTFT, and the share of decode time "
+        "in draft / verify / overhead. `ar@VARIANT` rows are AR on another backend / dtype / thread count.",
         "",
         "Reproduce:",
         "",
@@ -51,15 +116,14 @@ def write_page(out: Path, reports: dict[str, dict], command: str) -> Path:
     for domain, rep in reports.items():
         lines += ["", f"## {domain}", "", format_table(rep["summary"], markdown=True), "",
                   f"![R histogram](accept_hist_{domain}.png) — report: [bench_{domain}.json](bench_{domain}.json)"]
+    lines += ["", "Earlier measurements (superseded heads and runtime) are kept under `history/`."]
     page = out / "README.md"
     page.write_text("\n".join(lines) + "\n")
     return page
 
 
 @click.command()
-@click.option("--drafter", type=click.Path(file_okay=False), required=True, help="DFlash drafter checkpoint dir.")
-@click.option("--width-profile", type=click.Path(dir_okay=False), required=True, help="Width profile for cast:auto.")
-@click.option("--methods", default="ar,chain,cast:15,cast:auto", show_default=True, help="Methods per domain.")
+@click.option("--methods", default=METHODS, show_default=True, help="Methods per domain (perf.harness syntax).")
 @click.option("--domains", default=",".join(DOMAINS), show_default=True, help="Comma list of named sets.")
 @click.option("--num-prompts", type=int, default=20, show_default=True, help="Prompts per domain.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Token budget per request.")
@@ -68,30 +132,33 @@ def write_page(out: Path, reports: dict[str, dict], command: str) -> Path:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Evaluation data directory.")
 @click.option("--out", type=click.Path(file_okay=False), default="perf/results", show_default=True,
               help="Output directory.")
-def main(drafter, width_profile, methods, domains, num_prompts, max_new_tokens, temperature, seed, data_dir,
-         out) -> None:
+@model_options
+@spec_options
+def main(methods, domains, num_prompts, max_new_tokens, temperature, seed, data_dir, out, **options) -> None:
     """Run every domain through the bench harness and write the results page."""
     from perf.session import load_session
-    from runtime.options import engine_options
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     specs = parse_methods(methods)
-    session = load_session(engine_options("embedded", drafter, "auto", "auto", None, width_profile=width_profile))
+    session = load_session(engine_options(**options), ignore_eos=True)
     reports = {}
     for domain in (d.strip() for d in domains.split(",")):
         requests = load_dataset(domain, num_prompts, max_new_tokens, data_dir)
         bench = run_bench(requests, specs, session, session.encode, SamplingParams(temperature, seed=seed))
         rep = build_report(bench, domain, [r.output_tokens for r in requests], session.engine,
                            {"command": "results_page", "temperature": temperature, "seed": seed,
-                            "methods": [s.label for s in specs], "num_prompts": len(requests)})
+                            "methods": [s.label for s in specs], "num_prompts": len(requests),
+                            "max_new_tokens": max_new_tokens})
         (out / f"bench_{domain}.json").write_text(json.dumps(rep, indent=2) + "\n")
         plot_accept_histograms({s.label: [R for r in bench.runs[s.label] for R in r.result.accept_lengths]
                                 for s in specs if s.method != "ar"}, out / f"accept_hist_{domain}.png")
         reports[domain] = rep
         click.echo(f"\n{domain}\n{format_table(rep['summary'])}")
+    plot_speedups(reports, out / "speedup_cpu.png")
+    (out / "headline_cpu.json").write_text(json.dumps(headline(reports), indent=2) + "\n")
     command = "python -m perf.results_page " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    click.echo(f"wrote {write_page(out, reports, command)}")
+    click.echo(f"\n{headline_table(headline(reports))}\nwrote {write_page(out, reports, command)}")
 
 
 if __name__ == "__main__":
