@@ -7,30 +7,25 @@ of the weights. `optimization_profiles` writes those records for the build manif
 
     export_verify(target, "verify.onnx", flavour="onnx", mask_words=4)
 
-Exported with `dynamo=False` at opset 18 (BitwiseAnd needs >= 18); the dynamo exporter
-would need onnxscript, which is not a dependency.
+The verify graph and the exporter itself live in `runtime.model.graphs` (the runtime's
+onnxruntime backend exports the same graph); this module adds the drafter's graphs and
+the manifest records. Exported with `dynamo=False` at opset 18 (BitwiseAnd needs >= 18).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from cast_trtllm.masks import bitmask
-from engine_builder.onnx_graphs import ContextGraph, DraftGraph, Flavour, VerifyGraph
-from plugins import onnx_schema
+from engine_builder.onnx_graphs import ContextGraph, DraftGraph
 from runtime.drafter.model import DFlashDrafter
+from runtime.model.graphs import OPSET, Flavour, VerifyGraph, export_onnx, export_verify_graph
 from runtime.model.layers import Rotary
 from runtime.model.llama import LlamaTarget
-from runtime.model.tree_attention_backend import causal_chain
 
-OPSET = 18
-VERIFY_INPUTS = ("input_ids", "position_ids", "bitmask", "past_keys", "past_values")
-VERIFY_OUTPUTS = ("logits", "new_keys", "new_values")
 DRAFT_INPUTS = ("block_ids", "position_ids", "context_keys", "context_values")
 CONTEXT_INPUTS = ("taps", "position_ids")
 CONTEXT_OUTPUTS = ("context_keys", "context_values")
@@ -60,50 +55,18 @@ def truncate_target(target: LlamaTarget, num_layers: int) -> LlamaTarget:
     return small.eval().requires_grad_(False)
 
 
-def _example_pack(n: int, vocab: int, prefix: int, words: int, device, generator) -> tuple[torch.Tensor, ...]:
-    """Tracing inputs: random ids at positions P.., under a causal (chain) bitmask."""
-    ids = torch.randint(0, vocab, (n,), generator=generator).to(device)
-    positions = prefix + torch.arange(n, device=device)
-    rows = torch.from_numpy(bitmask(causal_chain(n), num_words=words)).to(device)  # [n, W]
-    return ids, positions, rows
-
-
-def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: Sequence[str], outputs: Sequence[str],
-            dynamic_axes: dict[str, dict[int, str]], custom_opsets: dict[str, int] | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks traced as constants: expected
-        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is legacy, on purpose
-        torch.onnx.export(
-            module.eval(), args, str(path), dynamo=False, opset_version=OPSET, input_names=list(inputs),
-            output_names=list(outputs), dynamic_axes=dynamic_axes, custom_opsets=custom_opsets,
-            do_constant_folding=True,
-        )
-
-
 def export_verify(target: LlamaTarget, path: str | Path, flavour: Flavour, mask_words: int,
                   tap_layer_ids: Sequence[int] = (), example_prefix: int = 5) -> dict[str, Any]:
-    """Write the verify graph; returns its manifest record (file, inputs, outputs)."""
+    """Write the verify graph (layer-major K/V); returns its manifest record (file, inputs, outputs)."""
     cfg, path = target.config, Path(path)
-    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
-    n = min(3, 32 * mask_words)
-    gen = torch.Generator().manual_seed(0)
-    ids, positions, rows = _example_pack(n, cfg.vocab_size, example_prefix, mask_words, device, gen)
-    past_shape = (cfg.num_layers, example_prefix, cfg.num_kv_heads, cfg.head_dim)
-    past = [torch.randn(past_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
-    outputs = VERIFY_OUTPUTS + (("taps",) if tap_layer_ids else ())
-    dynamic = {"input_ids": {0: "n"}, "position_ids": {0: "n"}, "bitmask": {0: "n"},
-               "past_keys": {1: "past"}, "past_values": {1: "past"}, "logits": {0: "n"},
-               "new_keys": {1: "n"}, "new_values": {1: "n"}, "taps": {0: "n"}}
-    custom = {onnx_schema.DOMAIN: onnx_schema.OPSET_VERSION} if flavour == "plugin" else None
-    module = VerifyGraph(target, flavour, tap_layer_ids)
-    _export(module, (ids, positions, rows, *past), path, VERIFY_INPUTS, outputs,
-            {k: v for k, v in dynamic.items() if k in VERIFY_INPUTS + outputs}, custom)
+    graph = VerifyGraph(target, flavour, tap_layer_ids)
+    export_verify_graph(graph, path, mask_words, example_prefix)
     kv = [cfg.num_layers, "past", cfg.num_kv_heads, cfg.head_dim]
+    dtype = _name(target.lm_head.weight.dtype)
     return _record(path, flavour=flavour, inputs={
         "input_ids": (["n"], "int64"), "position_ids": (["n"], "int64"), "bitmask": (["n", mask_words], "int32"),
-        "past_keys": (kv, _name(dtype)), "past_values": (kv, _name(dtype)),
-    }, outputs=list(outputs), tap_layer_ids=list(tap_layer_ids))
+        "past_keys": (kv, dtype), "past_values": (kv, dtype),
+    }, outputs=list(graph.output_names), tap_layer_ids=list(tap_layer_ids))
 
 
 def export_draft(drafter: DFlashDrafter, target: LlamaTarget, path: str | Path, example_context: int = 5) -> dict:
@@ -116,7 +79,7 @@ def export_draft(drafter: DFlashDrafter, target: LlamaTarget, path: str | Path, 
     ctx_shape = (cfg.num_hidden_layers, example_context, cfg.num_key_value_heads, cfg.head_dim)
     ctx = [torch.randn(ctx_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
     dynamic = {"context_keys": {1: "context"}, "context_values": {1: "context"}}
-    _export(DraftGraph(drafter, target), (block, positions, *ctx), path, DRAFT_INPUTS, ("logits",), dynamic)
+    export_onnx(DraftGraph(drafter, target), (block, positions, *ctx), path, DRAFT_INPUTS, ("logits",), dynamic)
     kv = [cfg.num_hidden_layers, "context", cfg.num_key_value_heads, cfg.head_dim]
     return _record(path, inputs={
         "block_ids": ([cfg.block_size], "int64"), "position_ids": ([cfg.block_size], "int64"),
@@ -132,7 +95,7 @@ def export_context(drafter: DFlashDrafter, path: str | Path) -> dict:
     taps = torch.randn(3, width, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
     positions = torch.arange(3, device=device)
     dynamic = {"taps": {0: "m"}, "position_ids": {0: "m"}, "context_keys": {1: "m"}, "context_values": {1: "m"}}
-    _export(ContextGraph(drafter), (taps, positions), path, CONTEXT_INPUTS, CONTEXT_OUTPUTS, dynamic)
+    export_onnx(ContextGraph(drafter), (taps, positions), path, CONTEXT_INPUTS, CONTEXT_OUTPUTS, dynamic)
     return _record(path, inputs={"taps": (["m", width], _name(dtype)), "position_ids": (["m"], "int64")},
                    outputs=list(CONTEXT_OUTPUTS), target_layer_ids=list(cfg.target_layer_ids))
 

@@ -1,10 +1,12 @@
 """Fast by default: measure, once per machine and model, which execution configuration
-(dtype × CPU threads) runs the target fastest, and cache the answer.
+(backend × dtype × CPU threads) runs the target fastest, and cache the answer.
 
 What is fastest depends on the machine that runs it (CPU vendor and ISA — bf16 is fast
 with AVX512-BF16/AMX and slow without —, cores, threads), so nothing here is assumed: a
 first-use probe times the target's verify pass at packed counts 1 (an AR step) and 16
-(a CAST@15 round) for every candidate and keeps the one with the smallest sum. The
+(a CAST@15 round) for every candidate — torch fp32 / bf16 and onnxruntime fp32 (the
+exported verify graph, `runtime.backends.ort_target`) where it is installed, each at 1
+thread and at every core — and keeps the one with the smallest sum. The
 answer is cached under `cache_dir()` keyed by device name, torch version and target, so
 later runs start at once. fp32 stays available (`--dtype float32`) as the exactness
 reference: greedy bf16 output may differ from fp32 at near-ties.
@@ -33,6 +35,7 @@ PROBE_REPEATS = 5
 
 @dataclass(frozen=True, slots=True)
 class ExecChoice:
+    backend: str  # "torch" | "onnxruntime"
     dtype: str  # "float32" | "bfloat16"
     threads: int
     measured_ms: dict[str, dict[str, float]]  # "dtype/threads" -> {"n=1": ms, "n=16": ms}
@@ -41,7 +44,7 @@ class ExecChoice:
 
     def describe(self) -> str:
         cells = ", ".join(f"{k}: " + " / ".join(f"{v:.1f}" for v in ms.values()) for k, ms in self.measured_ms.items())
-        return (f"{self.dtype}, {self.threads} thread(s) — fastest measured on {self.device} "
+        return (f"{self.backend} {self.dtype}, {self.threads} thread(s) — fastest measured on {self.device} "
                 f"(verify ms at n={'/'.join(map(str, PROBE_WIDTHS))}: {cells})")
 
 
@@ -50,7 +53,7 @@ def cache_dir() -> Path:
 
 
 def cache_key(device_name: str, target_name: str) -> str:
-    raw = json.dumps([device_name, torch.__version__, target_name, os.cpu_count()])
+    raw = json.dumps([2, device_name, torch.__version__, target_name, os.cpu_count(), _ort_version()])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -70,22 +73,41 @@ def save_choice(choice: ExecChoice) -> Path:
     return path
 
 
-def candidates(device: torch.device) -> list[tuple[str, int]]:
-    """(dtype, threads) pairs worth timing on this device."""
+def _ort_version() -> str | None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime.__version__
+
+
+def candidates(device: torch.device) -> list[tuple[str, str, int]]:
+    """(backend, dtype, threads) worth timing on this device."""
     if device.type != "cpu":
-        return [("bfloat16", torch.get_num_threads())]
+        return [("torch", "bfloat16", torch.get_num_threads())]
     cores = os.cpu_count() or 1
     threads = sorted({1, cores})
-    return [(d, t) for d in ("float32", "bfloat16") for t in threads]
+    out = [("torch", d, t) for d in ("float32", "bfloat16") for t in threads]
+    return out + ([("onnxruntime", "float32", t) for t in threads] if _ort_version() else [])
 
 
-def verify_ms(model: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repeats: int = PROBE_REPEATS) -> dict[str, float]:
-    """Median ms of one verify pass at each packed count, on a `prefix`-token KV cache."""
+def make_backend(name: str, model: Any, tap_layer_ids: tuple[int, ...], threads: int) -> Any:
+    """The target backend `name` over `model` (runtime.engine.backend contract)."""
     from runtime.engine.backend import TorchTarget
 
-    backend = TorchTarget(model)
+    if name == "onnxruntime":
+        from runtime.backends.ort_target import OrtTarget
+
+        return OrtTarget(model, tap_layer_ids, threads=threads)
+    return TorchTarget(model, tap_layer_ids)
+
+
+def verify_ms(backend: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repeats: int = PROBE_REPEATS
+              ) -> dict[str, float]:
+    """Median ms of one verify pass at each packed count, on a `prefix`-token KV cache."""
+    model = backend.config
     seq = backend.new_sequence(prefix + max(widths))
-    vocab = model.config.vocab_size
+    vocab = model.vocab_size
     gen = torch.Generator().manual_seed(0)
     backend.prefill(seq, torch.randint(0, vocab, (prefix,), generator=gen))
     out = {}
@@ -104,20 +126,23 @@ def verify_ms(model: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repea
     return out
 
 
-def measure(model: Any, device: torch.device, device_name: str, key: str,
+def measure(model: Any, device: torch.device, device_name: str, key: str, tap_layer_ids: tuple[int, ...] = (),
             progress: Callable[[str], None] = lambda _: None) -> ExecChoice:
     """Time every candidate on `model` (converted per dtype, then restored) and pick the fastest."""
     before_threads, original = torch.get_num_threads(), model.lm_head.weight.dtype
     results: dict[str, dict[str, float]] = {}
     try:
-        for dtype, threads in candidates(device):
-            progress(f"timing {dtype} with {threads} thread(s)")
+        for backend, dtype, threads in candidates(device):
+            progress(f"timing {backend} {dtype} with {threads} thread(s)")
             torch.set_num_threads(threads)
             model.to(getattr(torch, dtype))
-            results[f"{dtype}/{threads}"] = verify_ms(model)
+            try:
+                results[f"{backend}/{dtype}/{threads}"] = verify_ms(make_backend(backend, model, tap_layer_ids, threads))
+            except (ImportError, RuntimeError, ValueError, OSError) as err:  # a backend that cannot run here
+                progress(f"{backend} {dtype} skipped: {err}")
     finally:
         model.to(original)
         torch.set_num_threads(before_threads)
     best = min(results, key=lambda k: sum(results[k].values()))
-    dtype, threads = best.split("/")
-    return ExecChoice(dtype, int(threads), results, device_name, key)
+    backend, dtype, threads = best.split("/")
+    return ExecChoice(backend, dtype, int(threads), results, device_name, key)

@@ -149,9 +149,10 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
     if threads is not None:
         torch.set_num_threads(threads)
     models = load_models(target, drafter, dev, None if dtype == "auto" else dtype)
+    taps = () if models.drafter is None else tuple(models.drafter.config.target_layer_ids)
     if auto and choice is None:
         say("measuring the fastest execution configuration for this model on this machine (once; cached)")
-        choice = autoconfig.measure(models.target, dev, device_name(dev), key, say)
+        choice = autoconfig.measure(models.target, dev, device_name(dev), key, taps, say)
         path = autoconfig.save_choice(choice)
         execution = f"measured now (cache {path}): {choice.describe()}"
         if getattr(torch, choice.dtype) != models.dtype:
@@ -159,20 +160,22 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
                                          dtype=getattr(torch, choice.dtype))
     if choice is not None and threads is None:
         torch.set_num_threads(choice.threads)
+    backend = "torch" if choice is None else choice.backend
     if auto:
-        say(f"execution: torch {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
+        say(f"execution: {backend} {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
             f"({execution})")
     draft = None if models.drafter is None else DrafterExecutor(models.drafter, models.target)
+    target = autoconfig.make_backend(backend, models.target, taps, torch.get_num_threads())
     width, path, cost = None, None, None
     if draft is not None and spec.width_rule == "marginal":
         width, path = width_source(spec, models.name, models.dtype, dev, draft.mass_exponent)
     elif draft is not None:
-        probe = None if choice is None else choice.measured_ms.get(f"{choice.dtype}/{torch.get_num_threads()}")
-        cost, cache, source = online_cost(spec, models.name, models.dtype, dev, "torch", draft.mass_exponent,
+        probe = None if choice is None else choice.measured_ms.get(f"{backend}/{choice.dtype}/{torch.get_num_threads()}")
+        cost, cache, source = online_cost(spec, models.name, models.dtype, dev, backend, draft.mass_exponent,
                                           spec.max_nodes(draft.num_draft_positions), probe)
         atexit.register(_save_quietly, cost, cache)
         width, path = (lambda prefix_len: cost), f"online cost model; prior: {source}"
-    engine = LLMEngine(models.target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)
+    engine = LLMEngine(target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)
     return Built(engine, models, dev, path, execution)
 
 

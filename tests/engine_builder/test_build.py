@@ -13,7 +13,7 @@ from engine_builder.cli import build
 from engine_builder.skus import load_sku
 from plugins.tree_attention.trt_plugin import tensorrt_status
 from tests.runtime.doubles import random_target
-from tests.runtime.hf_checkpoints import write_tiny_checkpoint, write_tiny_drafter
+from tests.runtime.hf_checkpoints import write_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(tensorrt_status() is None, reason="TensorRT is importable here: engines would be built")
 
@@ -26,7 +26,16 @@ def target_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def drafter_dir(tmp_path_factory, target_dir):
-    return write_tiny_drafter(target_dir, tmp_path_factory.mktemp("drafter"), block_size=5)
+    """A head tapping target layer 0 only, so a 1-layer build keeps every layer it needs."""
+    from transformers import AutoConfig
+
+    from runtime.drafter import random_drafter, save_drafter
+    from runtime.model.llama import TargetConfig
+
+    cfg = TargetConfig.from_hf(AutoConfig.from_pretrained(target_dir))
+    path = tmp_path_factory.mktemp("drafter")
+    save_drafter(random_drafter(cfg, num_layers=1, block_size=5, target_layer_ids=(0,)), path)
+    return path
 
 
 def run(*args: str):

@@ -3,7 +3,6 @@ custom-node flavour) reproduces the torch executors' logits and K/V in fp32."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -14,13 +13,13 @@ from engine_builder.onnx_export import (
     export_context, export_draft, export_verify, mask_words, optimization_profiles, profile_shapes,
     truncate_target,
 )
-from engine_builder.onnx_graphs import bitmask_to_additive
 from plugins.onnx_schema import register_onnx_schema
 from plugins.tree_attention import tree_attention_reference
 from runtime.drafter.checkpoint import random_drafter
 from runtime.drafter.executor import DrafterExecutor
-from runtime.serving.engine import random_target
+from runtime.model.graphs import bitmask_to_additive
 from runtime.target import TargetExecutor
+from tests.runtime.doubles import random_target
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -127,14 +126,13 @@ def test_draft_and_context_graphs_match_drafter_executor(tmp_path, draft_vocab):
     executor.reset(32)
     taps = executor.prefill(torch.randint(0, 64, (13,), generator=torch.Generator().manual_seed(2))).taps
     draft = DrafterExecutor(drafter, target)
-    draft.reset(32)
-    draft.append_context(taps)
-    want = draft.draft(root_token=9)  # [L, V]
+    cache = draft.new_state(32)
+    draft.append_context(cache, taps)
+    want = draft.draft([cache], [9])[0]  # [L, V]
 
     export_context(drafter, tmp_path / "context.onnx")
     export_draft(drafter, target, tmp_path / "draft.onnx")
     keys, values = run_ort(tmp_path / "context.onnx", {"taps": taps.numpy(), "position_ids": np.arange(13)})
-    cache = draft.cache
     np.testing.assert_allclose(keys, cache.k[:, :, :13].transpose(1, 2).numpy(), atol=ATOL, rtol=0)
     block = np.array([9] + [drafter.config.mask_token_id] * 4)
     (logits,) = run_ort(tmp_path / "draft.onnx", {
@@ -145,7 +143,7 @@ def test_draft_and_context_graphs_match_drafter_executor(tmp_path, draft_vocab):
 @pytest.fixture(scope="module")
 def embedded_case(embedded):
     """(model, prompt ids) over the session's embedded target (tests/conftest.py)."""
-    from runtime.embedded import encode_prompt
+    from runtime.loader import encode_prompt
 
     prompt = encode_prompt(embedded.tokenizer, "Explain in two sentences why the sky is blue.", chat=True)
     return embedded.model, torch.tensor(prompt)

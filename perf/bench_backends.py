@@ -1,0 +1,239 @@
+"""Verify latency by target backend: torch fp32, torch bf16 and onnxruntime fp32
+(`runtime.backends.ort_target.OrtTarget`), at 1 and 2 threads, by packed count n.
+
+    python -m perf.bench_backends [--prefix 256] [--widths 1,2,4,8,16,32,64] [--threads 1,2]
+                                  [--out perf/results/backends_cpu]
+
+Protocol: prefill P random tokens once per column (backend × threads), then time ONE
+verify pass (B = 1, through the backend's `verify`, as the engine calls it) over a
+best-first tree of n - 1 nodes on random marginals, `warmup` untimed rounds, then
+`repeats` timed ones; each round visits every (n, column) pair in turn (interleaved, so
+load drift on a shared machine hits every column alike) with a short pause before each
+call so the previous column's spinning worker threads park. A verify never commits: the
+prefix stays P. Median, p10 and p90 per cell. No taps (a concat, ~free on every backend).
+Writes <out>.json (with the machine: CPU model, cores, ISA flags, torch/onnxruntime
+versions), <out>.md (the table) and <out>.png (ms vs n).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from cast_trtllm.tree import Tree, build_tree, topk_per_position
+from perf.bench_tree import cpu_model
+from perf.plots import plt, save_figure
+from runtime.engine.backend import TorchTarget
+from runtime.model.llama import LlamaTarget
+
+BACKENDS = ("torch-fp32", "torch-bf16", "ort-fp32")
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides bf16 vs fp32 speed on a CPU
+PAUSE_S = 0.02  # before each timed call: lets spinning intra-op threads of the last column park
+TREE_DEPTH, RANK_CAP, MARGINAL_SCALE = 16, 8, 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    backend: str  # one of BACKENDS
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend} t{self.threads}"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers depend on: CPU model, cores, ISA flags, library versions."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "isa": [f for f in ISA_FLAGS if f in flags.split()],
+            "platform": platform.platform(), "torch": torch.__version__}
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        info["onnxruntime"] = None
+    return info
+
+
+def bench_tree(n: int, vocab: int, seed: int) -> Tree:
+    """A best-first tree of n - 1 nodes over random marginals (the shape a round verifies)."""
+    if n == 1:
+        return Tree.empty()
+    logits = torch.randn(TREE_DEPTH, vocab, generator=torch.Generator().manual_seed(seed)) * MARGINAL_SCALE
+    ids, logprobs = topk_per_position(logits, RANK_CAP)
+    return build_tree(ids.numpy(), logprobs.numpy(), n - 1)
+
+
+def make_backends(model: LlamaTarget, columns: Sequence[Column], cache_dir: str | Path | None) -> dict[str, Any]:
+    """One backend per column; the bf16 weights are one copy shared by its thread counts."""
+    bf16 = None
+    made = {}
+    for col in columns:
+        if col.backend == "ort-fp32":
+            from runtime.backends.ort_target import OrtTarget
+
+            made[col.label] = OrtTarget(model, (), threads=col.threads, cache_dir=cache_dir)
+        elif col.backend == "torch-bf16":
+            bf16 = bf16 if bf16 is not None else copy.deepcopy(model).to(torch.bfloat16)
+            made[col.label] = TorchTarget(bf16)
+        elif col.backend == "torch-fp32":
+            made[col.label] = TorchTarget(model)
+        else:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {col.backend!r}")
+    return made
+
+
+def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = WIDTHS, prefix: int = 256,
+        repeats: int = 7, warmup: int = 1, cache_dir: str | Path | None = None, seed: int = 0,
+        progress: bool = True) -> dict[str, dict[int, list[float]]]:
+    """Timed verify ms per column label and packed count n (`repeats` samples each)."""
+    if prefix < 1 or repeats < 1 or warmup < 0 or not widths or min(widths) < 1:
+        raise ValueError("need prefix >= 1, repeats >= 1, warmup >= 0 and packed counts >= 1")
+    threads_before = torch.get_num_threads()
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (prefix,), generator=torch.Generator().manual_seed(seed))
+    trees = {n: bench_tree(n, vocab, seed + n) for n in widths}
+    packs = {n: np.concatenate([[1], trees[n].tokens]).astype(np.int64) for n in widths}
+    backends = make_backends(model, columns, cache_dir)
+    seqs = {}
+    try:
+        for col in columns:
+            torch.set_num_threads(col.threads)
+            backend = backends[col.label]
+            seqs[col.label] = backend.new_sequence(prefix + max(widths))
+            backend.prefill(seqs[col.label], prompt)
+        samples: dict[str, dict[int, list[float]]] = {c.label: {n: [] for n in widths} for c in columns}
+        bar = tqdm(total=(warmup + repeats) * len(widths) * len(columns), desc="verify", unit="pass",
+                   disable=not progress)
+        for round_ in range(warmup + repeats):
+            for n in widths:
+                for col in columns:
+                    torch.set_num_threads(col.threads)
+                    backend, seq = backends[col.label], seqs[col.label]
+                    time.sleep(PAUSE_S)
+                    start = time.perf_counter()
+                    backend.verify([seq], [packs[n]], [trees[n]])  # pending rows only: P stays
+                    elapsed = (time.perf_counter() - start) * 1e3
+                    if backend.prefix_len(seq) != prefix:
+                        raise AssertionError(f"{col.label}: a verify moved the prefix to {backend.prefix_len(seq)}")
+                    if round_ >= warmup:
+                        samples[col.label][n].append(elapsed)
+                    bar.update()
+        bar.close()
+    finally:
+        torch.set_num_threads(threads_before)
+    return samples
+
+
+def summarize(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """label -> n -> {median, p10, p90} ms."""
+    return {label: {str(n): {"median": round(statistics.median(v), 2), "p10": round(float(np.percentile(v, 10)), 2),
+                             "p90": round(float(np.percentile(v, 90)), 2)} for n, v in by_n.items()}
+            for label, by_n in samples.items()}
+
+
+def markdown_table(stats: dict[str, dict[str, dict[str, float]]], columns: Sequence[Column],
+                   stat: str = "median") -> str:
+    """`stat` ms per n and column, then onnxruntime's speed-up over torch fp32 per thread count."""
+    labels = [c.label for c in columns]
+    threads = sorted({c.threads for c in columns})
+    ratios = [t for t in threads if f"ort-fp32 t{t}" in stats and f"torch-fp32 t{t}" in stats]
+    head = ["n"] + [f"{lab} ms" for lab in labels] + [f"torch-fp32/ort t{t}" for t in ratios]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for n in next(iter(stats.values())):
+        cells = [n] + [f"{stats[lab][n][stat]:.1f}" for lab in labels]
+        cells += [f"{stats[f'torch-fp32 t{t}'][n][stat] / stats[f'ort-fp32 t{t}'][n][stat]:.2f}x" for t in ratios]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(stats: dict[str, dict[str, dict[str, float]]], out: str | Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = {b: f"C{i}" for i, b in enumerate(BACKENDS)}
+    for label, by_n in stats.items():
+        backend, threads = label.rsplit(" t", 1)
+        n = [int(k) for k in by_n]
+        ax.plot(n, [by_n[k]["median"] for k in by_n], marker="o", markersize=3, color=colors[backend],
+                linestyle="-" if threads == "1" else "--", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # bf16 without AVX512-BF16 is 10x the rest at n = 64
+    ax.set_xlabel("packed tokens n = N + 1 (solid: 1 thread, dashed: 2)")
+    ax.set_ylabel("verify ms (median, log scale)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return save_figure(fig, out)
+
+
+def write_report(samples: dict[str, dict[int, list[float]]], columns: Sequence[Column], out: str | Path,
+                 meta: dict[str, Any]) -> dict[str, Any]:
+    """<out>.json, <out>.md, <out>.png; returns the JSON report."""
+    out = Path(out)
+    stats = summarize(samples)
+    table = (markdown_table(stats, columns) + f"\nFastest decile (p10 ms; load spikes removed):\n\n"
+             + markdown_table(stats, columns, "p10"))
+    report = {"benchmark": "target verify latency by backend (perf/bench_backends.py)", **meta,
+              "machine": machine(), "ms": stats, "samples_ms": {k: {str(n): [round(x, 2) for x in v]
+                                                                     for n, v in by_n.items()}
+                                                                 for k, by_n in samples.items()}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    m = report["machine"]
+    header = (f"# Verify latency by backend\n\n{meta.get('target', 'target')}, prefix P = {meta['prefix']}, "
+              f"B = 1, median of {meta['repeats']} interleaved passes, ms. Machine: {m['cpu']}, {m['cores']} cores, "
+              f"ISA {', '.join(m['isa']) or 'baseline'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}.\n"
+              f"{meta.get('note', '')}\n\n")
+    out.with_suffix(".md").write_text(header + table)
+    plot(stats, out.with_suffix(".png"), f"{meta.get('target', 'target')}: verify ms at P = {meta['prefix']}")
+    return report
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+@click.command()
+@click.option("--target", default="embedded", show_default=True, help="--target of the one loader (fp32).")
+@click.option("--prefix", type=int, default=256, show_default=True, help="Committed prefix P of the KV cache.")
+@click.option("--widths", default=",".join(map(str, WIDTHS)), show_default=True, help="Packed counts n, comma-separated.")
+@click.option("--threads", default="1,2", show_default=True, help="Thread counts, comma-separated.")
+@click.option("--backends", default=",".join(BACKENDS), show_default=True, help="Backends, comma-separated.")
+@click.option("--repeats", type=int, default=7, show_default=True, help="Timed passes per cell (median reported).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed rounds over every cell first.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Exported-graph cache (default $CAST_CACHE_DIR/onnx).")
+@click.option("--note", default="", help="A line for the report (e.g. what else loaded the machine).")
+@click.option("--out", default="perf/results/backends_cpu", show_default=True, help="Output stem: .json, .md, .png.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
+def main(target: str, prefix: int, widths: str, threads: str, backends: str, repeats: int, warmup: int,
+         cache_dir: str | None, note: str, out: str, as_json: bool) -> None:
+    """Time one verify pass per backend x threads x packed count; write JSON, markdown and PNG."""
+    from runtime.loader import load_models
+
+    columns = [Column(b, t) for t in _ints(threads) for b in backends.split(",")]
+    models = load_models(target, "none", dtype=torch.float32)
+    samples = run(models.target, columns, _ints(widths), prefix, repeats, warmup, cache_dir)
+    meta = {"target": models.name, "prefix": prefix, "repeats": repeats, "warmup": warmup, "batch": 1,
+            "note": note}
+    report = write_report(samples, columns, out, meta)
+    click.echo(json.dumps(report, indent=2) if as_json else Path(out).with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

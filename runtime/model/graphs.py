@@ -1,0 +1,241 @@
+"""Export-friendly mirror of the target's verify pass, and its ONNX exporter.
+
+`LlamaTarget.forward` writes into a preallocated KV cache and takes a Python attention
+backend, neither of which traces to ONNX; `VerifyGraph` runs the same layers
+(`runtime.model.layers` RMSNorm / RoPE / gated MLP, the target's own Linear weights,
+shared, not copied) over explicit tensors instead: one ancestor-masked pass over a pack
+[b, z_1..z_N] at positions P + depth, reading the committed prefix's K/V and returning the
+pack's own K/V rows. The runtime's onnxruntime backend (`runtime.backends.ort_target`)
+and the engine builder (`engine_builder.onnx_export`) both export it through
+`export_verify_graph`.
+
+KV layouts (`kv_layout`):
+  "layer"  past_keys [layers, P, Hkv, d], new_keys [layers, n, Hkv, d] (the build manifest's);
+  "token"  past_keys [P, layers, Hkv, d], new_keys [n, layers, Hkv, d]: in a token-major
+           cache [capacity, layers, Hkv, d] the committed prefix and the pending rows are
+           both contiguous views, so a runtime binds them in place.
+Attention is written in standard ONNX ops (flavour "onnx": the bitmask is expanded to an
+additive mask in the graph) or is the `cast::tree_attention` custom node (flavour
+"plugin": the bitmask goes to the TensorRT plugin as is).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Literal, Sequence
+
+import torch
+from torch import nn
+
+from cast_trtllm.masks import bitmask
+from plugins import onnx_schema
+from plugins.tree_attention import tree_attention_reference
+from runtime.model.layers import Rotary, apply_rope
+from runtime.model.llama import LlamaTarget
+from runtime.model.tree_attention_backend import causal_chain
+
+Flavour = Literal["onnx", "plugin"]
+FLAVOURS: tuple[str, ...] = ("onnx", "plugin")
+KVLayout = Literal["layer", "token"]
+KV_LAYOUTS: tuple[str, ...] = ("layer", "token")
+OPSET = 18  # BitwiseAnd needs >= 18
+BIT_WEIGHTS = torch.tensor([1 << b for b in range(31)] + [-(1 << 31)], dtype=torch.int32)  # bit b of an int32
+
+
+def bitmask_to_additive(bitmask: torch.Tensor, prefix_len_like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bitmask [n, W] int32 (LSB-first) -> additive mask [n, P+n]: 0 where visible, dtype-min else.
+
+    `prefix_len_like` is any tensor with P rows (its length gives P inside the graph).
+    Bit k of word k // 32 is read with a gather + BitwiseAnd against the constant table
+    of bit weights (ONNX BitShift has no int32 form).
+    """
+    n = bitmask.shape[0]
+    cols = torch.arange(n, device=bitmask.device)  # [n] pack column k
+    weights = BIT_WEIGHTS.to(bitmask.device)
+    words = bitmask.index_select(1, torch.div(cols, 32, rounding_mode="floor"))  # [n, n] word of column k
+    visible = torch.bitwise_and(words, weights[torch.remainder(cols, 32)]) != 0  # [n, n]
+    blocked = torch.zeros(visible.shape, dtype=dtype, device=bitmask.device).masked_fill(
+        ~visible, torch.finfo(dtype).min
+    )
+    prefix = torch.zeros(n, prefix_len_like.shape[0], dtype=dtype, device=bitmask.device)  # prefix: all visible
+    return torch.cat([prefix, blocked], dim=1)
+
+
+def gqa_attention(
+    q: torch.Tensor,  # [n, Hq, d]
+    keys: torch.Tensor,  # [S, Hkv, d]
+    values: torch.Tensor,  # [S, Hkv, d]
+    mask: torch.Tensor | None,  # [n, S] additive, or None (all visible)
+    scale: float,
+) -> torch.Tensor:  # [n, Hq, d]
+    """Softmax attention in plain MatMul/Softmax ops; query head h reads kv head h // G."""
+    n, num_q_heads, d = q.shape
+    num_kv_heads = keys.shape[1]
+    group = num_q_heads // num_kv_heads
+    qg = q.permute(1, 0, 2).reshape(num_kv_heads, group * n, d)  # [Hkv, G*n, d]
+    scores = torch.matmul(qg, keys.permute(1, 2, 0)) * scale  # [Hkv, G*n, S]
+    scores = scores.reshape(num_kv_heads, group, n, -1).float()
+    if mask is not None:
+        scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(q.dtype).reshape(num_kv_heads, group * n, -1)
+    out = torch.matmul(probs, values.permute(1, 0, 2))  # [Hkv, G*n, d]
+    return out.reshape(num_q_heads, n, d).permute(1, 0, 2)
+
+
+class _TreeAttentionNode(torch.autograd.Function):
+    """`cast::tree_attention` in the exported graph; the torch reference while tracing."""
+
+    @staticmethod
+    def forward(ctx, q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, scale: float):
+        return tree_attention_reference(q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, scale)
+
+    @staticmethod
+    def symbolic(g, q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, scale: float):
+        out = g.op(
+            f"{onnx_schema.DOMAIN}::{onnx_schema.OP_TYPE}", q, k_prefix, v_prefix, k_pack, v_pack, bitmask,
+            cu_seqlens, cu_prefix, scale_f=scale, plugin_namespace_s=onnx_schema.PLUGIN_NAMESPACE,
+            plugin_version_s=onnx_schema.PLUGIN_VERSION, aot_i=1,
+        )
+        out.setType(q.type())
+        return out
+
+
+def _one_request_offsets(rows_like: torch.Tensor) -> torch.Tensor:  # rows_like: [m, heads, d]
+    """[2] int32 = [0, m], computed in the graph (m is dynamic)."""
+    count = torch.ones_like(rows_like[:, 0, 0], dtype=torch.int32)  # [m]
+    return torch.cat([torch.zeros_like(count[:1]), count.sum(0, keepdim=True, dtype=torch.int32)])
+
+
+def lm_head(target: LlamaTarget, h: torch.Tensor, shared: bool = True) -> torch.Tensor:  # h: [n, H] -> [n, V]
+    """Logits. With tied embeddings and `shared`, written as W @ h^T against the embedding
+    initializer, so the exported file holds the [V, H] matrix once; otherwise a Linear, which
+    constant-folds into a second, transposed [H, V] copy: V·H more floats, but onnxruntime's
+    CPU GEMM runs it faster (embedded target, n = 1: 54 vs 64 ms per verify pass)."""
+    weight = target.lm_head.weight
+    tied = weight.data_ptr() == target.embed_tokens.weight.data_ptr() and weight.shape == target.embed_tokens.weight.shape
+    if shared and tied:
+        return torch.matmul(target.embed_tokens.weight, h.t()).t()
+    return target.lm_head(h)
+
+
+def rope_rows(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, 1, d]: broadcast over heads of a token-major [n, H, d] tensor."""
+    cos, sin = rotary(positions, dtype)
+    return cos[:, None, :], sin[:, None, :]
+
+
+class VerifyGraph(nn.Module):
+    """inputs: input_ids [n] int64, position_ids [n] int64, bitmask [n, W] int32,
+    past_keys, past_values (see `kv_layout`), and with `logit_rows` the rows [m] int64 to
+    score (a prefill scores its last row only); outputs: logits [n or m, V], new_keys,
+    new_values (the pack's rows, same layout), taps [n, F] if asked (tap for layer id i =
+    HF's hidden_states[i+1]; the last layer's after the final norm). `shared_head`: see
+    `lm_head`."""
+
+    def __init__(self, target: LlamaTarget, flavour: Flavour, tap_layer_ids: Sequence[int] = (),
+                 kv_layout: KVLayout = "layer", logit_rows: bool = False, shared_head: bool = True) -> None:
+        super().__init__()
+        if flavour not in FLAVOURS:
+            raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        self.target, self.flavour, self.tap_layer_ids = target, flavour, tuple(tap_layer_ids)
+        self.kv_axis = 0 if kv_layout == "layer" else 1  # axis of `layers` in past/new K/V
+        self.logit_rows, self.shared_head = logit_rows, shared_head
+        self.scale = target.config.head_dim ** -0.5
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return ("input_ids", "position_ids", "bitmask", "past_keys", "past_values") + (
+            ("logit_rows",) if self.logit_rows else ())
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return ("logits", "new_keys", "new_values") + (("taps",) if self.tap_layer_ids else ())
+
+    def _attention(self, q, k_new, v_new, past_k, past_v, bitmask, mask) -> torch.Tensor:
+        if self.flavour == "onnx":
+            return gqa_attention(q, torch.cat([past_k, k_new]), torch.cat([past_v, v_new]), mask, self.scale)
+        return _TreeAttentionNode.apply(
+            q, past_k, past_v, k_new, v_new, bitmask, _one_request_offsets(q), _one_request_offsets(past_k), self.scale
+        )
+
+    def forward(self, input_ids, position_ids, bitmask, past_keys, past_values, logit_rows=None):
+        target, cfg, axis = self.target, self.target.config, self.kv_axis
+        h = target.embed_tokens(input_ids)  # [n, H]
+        n = h.shape[0]
+        cos, sin = rope_rows(target.rotary, position_ids, h.dtype)
+        past_rows = past_keys.select(axis, 0)  # [P, Hkv, d]: gives P inside the graph
+        mask = bitmask_to_additive(bitmask, past_rows, h.dtype) if self.flavour == "onnx" else None
+        new_keys, new_values, taps = [], [], {}
+        for i, layer in enumerate(target.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
+            k = attn.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+            v = attn.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+            if attn.q_norm is not None:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            past_k, past_v = past_keys.select(axis, i), past_values.select(axis, i)  # [P, Hkv, d]
+            out = self._attention(q, k, v, past_k, past_v, bitmask, mask)  # [n, Hq, d]
+            h = h + attn.o_proj(out.reshape(n, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            new_keys.append(k)
+            new_values.append(v)
+            taps[i] = h
+        h = target.norm(h)
+        taps[cfg.num_layers - 1] = h  # HF reports the last layer after the final norm
+        scored = h if logit_rows is None else h.index_select(0, logit_rows)
+        outputs = (lm_head(target, scored, self.shared_head), torch.stack(new_keys, dim=axis), torch.stack(new_values, dim=axis))
+        if self.tap_layer_ids:
+            outputs += (torch.cat([taps[i] for i in self.tap_layer_ids], dim=-1),)
+        return outputs
+
+
+def export_onnx(module: nn.Module, args: tuple, path: Path, inputs: Sequence[str], outputs: Sequence[str],
+                dynamic_axes: dict[str, dict[int, str]], custom_opsets: dict[str, int] | None = None) -> None:
+    """torch's TorchScript exporter (`dynamo=False`: the dynamo one needs onnxscript, not a
+    dependency) at `OPSET`, constant-folded, warnings of tracing by design silenced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks traced as constants: expected
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is legacy, on purpose
+        torch.onnx.export(
+            module.eval(), args, str(path), dynamo=False, opset_version=OPSET, input_names=list(inputs),
+            output_names=list(outputs), dynamic_axes=dynamic_axes, custom_opsets=custom_opsets,
+            do_constant_folding=True,
+        )
+
+
+def export_verify_graph(graph: VerifyGraph, path: str | Path, mask_words: int | None, example_prefix: int = 5) -> None:
+    """Write `graph` to `path` with n (packed tokens) and P (past rows) as dynamic axes.
+
+    mask_words: W, the bitmask's fixed word count (an engine's largest bucket), or None to
+    make W dynamic too (a runtime graph that also runs prefills: a chain of any length).
+    """
+    cfg, path = graph.target.config, Path(path)
+    device, dtype = graph.target.lm_head.weight.device, graph.target.lm_head.weight.dtype
+    words = 1 if mask_words is None else mask_words
+    n = min(3, 32 * words)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen).to(device)
+    positions = example_prefix + torch.arange(n, device=device)
+    rows = torch.from_numpy(bitmask(causal_chain(n), num_words=words)).to(device)  # [n, W]
+    past_shape = [cfg.num_layers, example_prefix, cfg.num_kv_heads, cfg.head_dim]
+    if graph.kv_axis:  # token-major
+        past_shape[:2] = past_shape[1::-1]
+    past = [torch.randn(past_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
+    args = (ids, positions, rows, *past) + ((torch.tensor([n - 1], device=device),) if graph.logit_rows else ())
+    past_axis = 1 - graph.kv_axis
+    dynamic = {"input_ids": {0: "n"}, "position_ids": {0: "n"}, "bitmask": {0: "n"},
+               "past_keys": {past_axis: "past"}, "past_values": {past_axis: "past"},
+               "logits": {0: "rows" if graph.logit_rows else "n"}, "logit_rows": {0: "rows"},
+               "new_keys": {past_axis: "n"}, "new_values": {past_axis: "n"}, "taps": {0: "n"}}
+    if mask_words is None:
+        dynamic["bitmask"][1] = "words"
+    custom = {onnx_schema.DOMAIN: onnx_schema.OPSET_VERSION} if graph.flavour == "plugin" else None
+    names = graph.input_names + graph.output_names
+    export_onnx(graph, args, path, graph.input_names, graph.output_names,
+                {k: v for k, v in dynamic.items() if k in names}, custom)
