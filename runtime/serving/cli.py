@@ -1,4 +1,4 @@
-"""`cast-trtllm triton-repo` and `cast-trtllm serve`."""
+"""`cast-trtllm triton-repo` and `cast-trtllm serve` (Triton Inference Server or OpenAI API)."""
 
 from __future__ import annotations
 
@@ -7,75 +7,143 @@ import tempfile
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from runtime.batch_decoder import POLICIES
-from runtime.serving.config import MODELS, ServingConfig
-from runtime.serving.repo import write_repo
-from runtime.serving.server import TritonServer
+from runtime.options import engine_options, model_options, spec_options
+from runtime.serving.config import ServingConfig
+
+_LIMIT_OPTIONS = [
+    click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+                 help="Requests decoded together (one round = one verify pass)."),
+    click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Requests waiting for a batch slot before overload errors (HTTP 429)."),
+    click.option("--max-tokens-limit", type=click.IntRange(min=1), default=512, show_default=True,
+                 help="Largest max_tokens accepted."),
+    click.option("--default-max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="max_tokens when a request sends none."),
+    click.option("--request-timeout", "request_timeout_s", type=click.FloatRange(min=0, min_open=True),
+                 default=120.0, show_default=True,
+                 help="Seconds from arrival to the last token before a request fails."),
+    click.option("--shutdown-grace", "shutdown_grace_s", type=click.FloatRange(min=0), default=10.0,
+                 show_default=True, help="Seconds in-flight requests get to finish on shutdown."),
+]
+TRITON_ONLY = {"repo", "grpc_port", "exit_timeout", "workdir"}  # serve flags of --api triton
+SHARED = {"api", "host", "port"}  # every other serve flag belongs to --api openai
+
+
+def limit_options(fn):
+    for option in reversed(_LIMIT_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def serving_config(max_batch: int, max_queue: int, max_tokens_limit: int, default_max_tokens: int,
+                   request_timeout_s: float, shutdown_grace_s: float, chat: bool = True,
+                   **options) -> ServingConfig:
+    """The ONE place a command's flags (+ --extra-llm-api-options YAML) become a ServingConfig.
+
+    Paths (target, drafter, width profile) are made absolute: Triton loads the model from
+    its own working directory.
+    """
+    opts = engine_options(**options)
+    target = opts.target if opts.target == "embedded" else _absolute(opts.target)
+    drafter = opts.drafter if opts.drafter in ("default", "none") else _absolute(opts.drafter)
+    spec = opts.spec
+    if spec.width_profile:
+        spec = spec.with_overrides(width_profile=_absolute(spec.width_profile))
+    try:
+        return ServingConfig(target=target, drafter=drafter, device=opts.device, dtype=opts.dtype or "auto",
+                             threads=opts.threads or 0, chat=chat, spec=spec, max_batch=max_batch,
+                             max_queue=max_queue, max_tokens_limit=max_tokens_limit,
+                             default_max_tokens=default_max_tokens, request_timeout_s=request_timeout_s,
+                             shutdown_grace_s=shutdown_grace_s)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).resolve()) if Path(path).exists() else path
 
 
 @click.command("triton-repo")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Model repository directory to write.")
-@click.option("--model", type=click.Choice(MODELS), default="embedded", show_default=True,
-              help="Target: the embedded SmolLM2-135M, or a tiny seeded random model (tests).")
-@click.option("--drafter", "drafter_dir", default="",
-              help="DFlash checkpoint dir (default: the shipped head for the embedded model, else a random one).")
-@click.option("--policy", type=click.Choice(POLICIES), default="best_first", show_default=True,
-              help="Batch width policy for requests with budget 'auto'.")
-@click.option("--mean-budget", type=int, default=4, show_default=True, help="best_first: shared budget per request.")
-@click.option("--max-width", type=int, default=32, show_default=True, help="best_first: cap on one request's nodes.")
-@click.option("--fixed-width", type=int, default=48, show_default=True, help="fixed policy: nodes per request.")
-@click.option("--uniform-width", type=int, default=8, show_default=True, help="uniform policy: nodes per request.")
-@click.option("--profile", default="", help="Width-profile JSON: best_first budget from Proposition 3.")
-@click.option("--block-size", type=int, default=16, show_default=True, help="Random drafter block size (L+1).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
-@click.option("--max-batch", type=int, default=8, show_default=True, help="Requests decoded together.")
-@click.option("--max-queue", type=int, default=64, show_default=True, help="Queued requests before overload errors.")
-@click.option("--max-tokens-limit", type=int, default=512, show_default=True, help="Largest max_tokens accepted.")
-@click.option("--default-max-tokens", type=int, default=64, show_default=True, help="max_tokens when not sent.")
-@click.option("--request-timeout", "request_timeout_s", type=float, default=120.0, show_default=True,
-              help="Seconds from arrival to the last token before a request fails.")
-@click.option("--shutdown-grace", "shutdown_grace_s", type=float, default=10.0, show_default=True,
-              help="Seconds in-flight requests get to finish on shutdown.")
-@click.option("--extra-llm-api-options", "llm_api_options", type=click.Path(exists=True, dir_okay=False),
-              default=None, help="TensorRT-LLM-style YAML: speculative_config.speculative_model and "
-                                 "width_profile override --drafter and --profile.")
+@model_options
+@spec_options
+@limit_options
+@click.option("--chat/--no-chat", default=True, show_default=True,
+              help="Wrap text_input in the tokenizer's chat template.")
 @click.option("--decoupled/--no-decoupled", default=False, show_default=True,
               help="Streaming mode: one response per decoding round (gRPC stream / generate_stream).")
-def triton_repo(out: str, decoupled: bool, llm_api_options: str | None, **settings) -> None:
+def triton_repo(out: str, decoupled: bool, **settings) -> None:
     """Write a Triton Inference Server model repository serving batched CAST."""
-    if llm_api_options:
-        from cast_trtllm.llm_api_options import load_llm_api_options
+    from runtime.serving.repo import write_repo
 
-        try:
-            spec = load_llm_api_options(llm_api_options).speculative_config
-        except (ValueError, OSError) as err:
-            raise click.BadParameter(str(err), param_hint="--extra-llm-api-options") from err
-        if spec is not None:
-            # absolute: the server loads the model from its own working directory
-            if spec.speculative_model:
-                settings["drafter_dir"] = str(Path(spec.speculative_model).resolve())
-            if spec.width_profile:
-                settings["profile"] = str(Path(spec.width_profile).resolve())
-    try:
-        cfg = ServingConfig(**settings)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from err
+    cfg = serving_config(**settings)
     model_dir = write_repo(out, cfg, decoupled)
     click.echo(f"wrote {model_dir}/config.pbtxt and {model_dir}/1/model.py "
                f"({'decoupled streaming' if decoupled else 'single response'} mode)")
 
 
 @click.command("serve")
-@click.option("--repo", required=True, type=click.Path(exists=True, file_okay=False), help="Model repository.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (HTTP and gRPC).")
-@click.option("--http-port", type=int, default=8000, show_default=True, help="HTTP/REST port.")
-@click.option("--grpc-port", type=int, default=8001, show_default=True, help="gRPC port.")
+@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+              help="triton: run a model repository in tritonserver; openai: an OpenAI-compatible HTTP server "
+                   "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics) like trtllm-serve.")
+@click.option("--repo", type=click.Path(exists=True, file_okay=False), default=None,
+              help="--api triton: the model repository (cast-trtllm triton-repo).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", "--http-port", "port", type=int, default=8000, show_default=True, help="HTTP port.")
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="--api triton: gRPC port.")
 @click.option("--exit-timeout", type=int, default=30, show_default=True,
-              help="Seconds tritonserver waits for in-flight requests on shutdown.")
-@click.option("--workdir", default="", help="Where the backend directory and log go (default: a temp dir).")
-def serve(repo: str, host: str, http_port: int, grpc_port: int, exit_timeout: int, workdir: str) -> None:
+              help="--api triton: seconds tritonserver waits for in-flight requests on shutdown.")
+@click.option("--workdir", default="", help="--api triton: where the backend directory and log go (default: temp).")
+@model_options
+@spec_options
+@limit_options
+@click.option("--served-model-name", default=None,
+              help="--api openai: the model name clients send (default: the target's name, "
+                   "e.g. SmolLM2-135M-Instruct).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True, help="--api openai: uvicorn log level.")
+@click.pass_context
+def serve(ctx: click.Context, api: str, repo: str | None, host: str, port: int, grpc_port: int, exit_timeout: int,
+          workdir: str, served_model_name: str | None, log_level: str, **settings) -> None:
+    """Serve CAST: a Triton model repository, or the OpenAI API from this process (Ctrl-C / SIGTERM drains).
+
+    Model, speculative and limit flags apply to --api openai (a Triton repository holds its own).
+    """
+    _reject_flags_of_the_other_api(ctx, api)
+    if api == "triton":
+        if repo is None:
+            raise click.UsageError("--api triton needs --repo (write one with cast-trtllm triton-repo)")
+        _serve_triton(repo, host, port, grpc_port, exit_timeout, workdir)
+        return
+    from runtime.embedded import EmbeddedModelMissing
+    from runtime.serving.openai.launch import build_service, serve as serve_openai
+
+    cfg = serving_config(**settings)
+    click.echo(f"loading {cfg.target} (drafter: {cfg.drafter}) ...")
+    try:
+        service = build_service(cfg, served_model_name)
+    except (EmbeddedModelMissing, ValueError) as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"serving '{service.model_name}' at http://{host}:{port}/v1 (OpenAI API; metrics at /metrics)")
+    serve_openai(service, host, port, log_level)
+
+
+def _reject_flags_of_the_other_api(ctx: click.Context, api: str) -> None:
+    for param in ctx.command.params:
+        if param.name in SHARED or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        owner = "triton" if param.name in TRITON_ONLY else "openai"
+        if owner != api:
+            hint = " (the Triton repository holds its own engine settings)" if owner == "openai" else ""
+            raise click.UsageError(f"{param.opts[0]} applies to --api {owner} only{hint}")
+
+
+def _serve_triton(repo: str, host: str, http_port: int, grpc_port: int, exit_timeout: int, workdir: str) -> None:
     """Run the repository with the tritonserver bundled in nvidia-pytriton (Ctrl-C stops it gracefully)."""
+    from runtime.serving.server import TritonServer
+
     work = Path(workdir or tempfile.mkdtemp(prefix="cast-triton-"))
     work.mkdir(parents=True, exist_ok=True)
     server = TritonServer(repo, work, http_port, grpc_port, host, exit_timeout)

@@ -5,7 +5,8 @@ admits queued requests up to `max_batch` (prefill + first token), runs one batch
 round and reports new tokens / finished requests through each request's callbacks.
 `submit` never blocks: a full queue raises `Overloaded` at once. `shutdown` stops
 admission, fails queued requests, gives in-flight requests `grace_s` to finish and
-then fails the rest — every request gets exactly one final callback.
+then fails the rest — every request gets exactly one final callback. `cancel` drops a
+request (a client that went away) between rounds, freeing its batch slot.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable
 from runtime.engine import LLMEngine, Request, Sequence
 
 LOG = logging.getLogger(__name__)
+CANCELLED = "request cancelled (the client went away)"
 
 
 class Overloaded(RuntimeError):
@@ -45,10 +47,28 @@ class Scheduler:
         self._cv = threading.Condition()
         self._accepting = True
         self._stop_at: float | None = None  # shutdown: fail in-flight work after this time
+        self._cancelled: set[str] = set()  # request ids to drop before the next round
         self._thread = threading.Thread(target=self._loop, name="cast-scheduler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a queued or running request before the next round; its `on_done` gets an error.
+
+        An id that is not (or no longer) queued or running is ignored.
+        """
+        with self._cv:
+            self._cancelled.add(request_id)
+            self._cv.notify()
 
     def submit(self, request: Request, on_tokens, on_done) -> None:
         with self._cv:
@@ -84,10 +104,18 @@ class Scheduler:
                     self._cv.wait()
                 if not self._accepting and (not self._running or time.monotonic() >= self._stop_at):
                     break
+                cancelled, self._cancelled = self._cancelled, set()
+                dropped = [j for j in self._queue if j.request.request_id in cancelled]
+                if dropped:
+                    self._queue = collections.deque(j for j in self._queue if j not in dropped)
                 admit = []
                 while self._queue and len(self._running) + len(admit) < self.max_batch:
                     admit.append(self._queue.popleft())
                 queued = list(self._queue)
+            for job in dropped:
+                _finish(job, None, CANCELLED)
+            for job in [j for j in self._running if j.request.request_id in cancelled]:
+                self._drop(job, CANCELLED)
             self._expire(queued)
             for job in admit:
                 self._admit(job)

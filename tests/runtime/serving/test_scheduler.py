@@ -1,24 +1,22 @@
-"""Scheduler and request validation without a server: overload, timeouts, shutdown, errors."""
+"""Scheduler without a server: overload, timeouts, shutdown, cancel (request validation: test_requests.py)."""
 
 from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
-from runtime.batch_decoder import GenRequest
-from runtime.serving.config import ServingConfig
+from runtime.engine import Request
 from runtime.serving.engine import build_engine
-from runtime.serving.requests import parse_request
 from runtime.serving.scheduler import Overloaded, Scheduler
+from tests.runtime.serving.tiny_model import tiny_config
 
-CFG = ServingConfig(model="random", block_size=4, max_tokens_limit=16, default_max_tokens=4)
+CFG = tiny_config(max_tokens_limit=16, default_max_tokens=4)
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return build_engine(CFG)
+    return build_engine(CFG)  # a ServingEngine: .engine is the LLMEngine
 
 
 class Outcome:
@@ -33,12 +31,12 @@ class Outcome:
 
 def submit(scheduler: Scheduler, engine, prompt: str, max_tokens: int) -> Outcome:
     out = Outcome()
-    scheduler.submit(GenRequest(prompt, tuple(engine.encode(prompt)), max_tokens), lambda live: None, out.on_done)
+    scheduler.submit(Request(tuple(engine.encode(prompt)), max_tokens, ignore_eos=True), lambda live: None, out.on_done)
     return out
 
 
 def test_full_queue_raises_a_clear_overload_error(engine):
-    scheduler = Scheduler(engine.decoder, max_batch=2, max_queue=3, request_timeout_s=30)
+    scheduler = Scheduler(engine.engine, max_batch=2, max_queue=3, request_timeout_s=30)
     outs = [submit(scheduler, engine, f"p{i}", 2) for i in range(3)]  # loop not started: all stay queued
     with pytest.raises(Overloaded, match=r"server overloaded: queue full \(max 3\); retry later"):
         submit(scheduler, engine, "one too many", 2)
@@ -49,7 +47,7 @@ def test_full_queue_raises_a_clear_overload_error(engine):
 
 def test_requests_past_their_deadline_fail_with_a_timeout_error(engine):
     # 1 ms cannot cover the admission prefill plus 64 decode rounds on any machine
-    scheduler = Scheduler(engine.decoder, max_batch=1, max_queue=8, request_timeout_s=0.001)
+    scheduler = Scheduler(engine.engine, max_batch=1, max_queue=8, request_timeout_s=0.001)
     out = submit(scheduler, engine, "slow", 64)
     scheduler.start()
     assert out.done.wait(60)
@@ -58,7 +56,7 @@ def test_requests_past_their_deadline_fail_with_a_timeout_error(engine):
 
 
 def test_shutdown_fails_queued_and_unfinished_requests_explicitly(engine):
-    scheduler = Scheduler(engine.decoder, max_batch=1, max_queue=8, request_timeout_s=60)
+    scheduler = Scheduler(engine.engine, max_batch=1, max_queue=8, request_timeout_s=60)
     outs = [submit(scheduler, engine, f"long {i}", 16) for i in range(3)]
     scheduler.start()
     scheduler.shutdown(grace_s=0.0)
@@ -67,36 +65,28 @@ def test_shutdown_fails_queued_and_unfinished_requests_explicitly(engine):
     assert errors and all(e.startswith("server shutting down") for e in errors)
     with pytest.raises(Overloaded, match="shutting down"):
         submit(scheduler, engine, "late", 2)
-    assert engine.decoder.active == []
+    assert engine.engine.active == []
 
 
-BYTES = np.array([b"hello"], dtype=np.object_)
+def test_cancel_drops_a_running_and_a_queued_request_before_the_next_round(engine):
+    from runtime.engine import Request
+    from runtime.serving.scheduler import CANCELLED
 
+    scheduler = Scheduler(engine.engine, max_batch=1, max_queue=8, request_timeout_s=60)
+    running, queued, reports = Outcome(), Outcome(), []
 
-@pytest.mark.parametrize(
-    "inputs, message",
-    [
-        ({"max_tokens": np.array([4], np.int32)}, "missing required input 'text_input'"),
-        ({"text_input": np.array([1.0], np.float32)}, "'text_input' must be BYTES"),
-        ({"text_input": BYTES, "max_tokens": np.array([4.0], np.float32)}, "'max_tokens' must be INT32"),
-        ({"text_input": np.array([b"  "], dtype=np.object_)}, "'text_input' is empty"),
-        ({"text_input": BYTES, "max_tokens": np.array([17], np.int32)}, r"max_tokens=17 is out of range: must be in \[1, 16\]"),
-        ({"text_input": BYTES, "temperature": np.array([-1.0], np.float32)}, "temperature must be"),
-        ({"text_input": BYTES, "top_p": np.array([1.5], np.float32)}, "top_p must be in"),
-        ({"text_input": BYTES, "top_k": np.array([-2], np.int32)}, "top_k must be"),
-        ({"text_input": BYTES, "budget": np.array([b"lots"], dtype=np.object_)}, "budget='lots' must be 'auto'"),
-        ({"text_input": BYTES, "method": np.array([b"beam"], dtype=np.object_)}, "method='beam' is not one of"),
-        ({"text_input": BYTES, "stop_words": np.array([b""], dtype=np.object_)}, "stop word must be non-empty"),
-    ],
-)
-def test_malformed_inputs_raise_errors_that_name_the_problem(engine, inputs, message):
-    with pytest.raises(ValueError, match=message):
-        parse_request("r", inputs, CFG, engine.encode, engine.decoder.context_window)
+    def on_tokens(live) -> None:  # on the scheduler thread, between rounds
+        reports.append(len(live.tokens))
+        scheduler.cancel("running")
+        scheduler.cancel("queued")
 
-
-def test_valid_inputs_become_a_request_with_their_sampling_parameters(engine):
-    inputs = {"text_input": BYTES, "max_tokens": np.array([3], np.int32), "temperature": np.array([0.7], np.float32),
-              "seed": np.array([2**64 - 1], np.uint64), "budget": np.array([b"5"], dtype=np.object_)}
-    req = parse_request("r", inputs, CFG, engine.encode, engine.decoder.context_window)
-    assert req.prompt_ids == tuple(b"hello") and req.max_new_tokens == 3 and req.budget == 5
-    assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.seed is not None
+    ids = tuple(engine.encode("cancel me"))
+    scheduler.submit(Request(ids, 64, ignore_eos=True, request_id="running"), on_tokens, running.on_done)
+    scheduler.submit(Request(ids, 64, ignore_eos=True, request_id="queued"), lambda live: None, queued.on_done)
+    scheduler.start()
+    assert running.done.wait(60) and queued.done.wait(60)
+    assert running.error == queued.error == CANCELLED
+    assert len(reports) == 1  # no round ran after the cancel
+    assert engine.engine.active == [] and scheduler.num_queued == scheduler.num_running == 0
+    scheduler.cancel("unknown")  # ids that are not queued or running are ignored
+    scheduler.shutdown(grace_s=1)

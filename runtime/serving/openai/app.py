@@ -1,0 +1,195 @@
+"""Routes of the OpenAI-compatible server (the `trtllm-serve` interface).
+
+POST /v1/completions, POST /v1/chat/completions (both with `stream: true` as server-sent
+events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics.
+A request is validated (400 naming the field), tokenized, submitted to the scheduler
+(429 queue full, 503 shutting down) and answered from its `Generation`; a client that
+disconnects is cancelled, which frees its batch slot before the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+
+from runtime.serving.openai.errors import APIError, install_handlers
+from runtime.serving.openai.metrics import RequestCounter
+from runtime.serving.openai.responses import ResponseFormat
+from runtime.serving.openai.schemas import (
+    ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard, ModelList,
+)
+from runtime.serving.openai.service import Generation, Service, Update, build_request
+from runtime.serving.openai.text import delta, render_chat, tokenize, visible_text
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+MAX_CHARS_PER_TOKEN = 32  # prompts longer than this × the context window are refused before tokenizing
+CLIENT_GONE = 499  # status recorded for a client that disconnected (nginx's convention)
+
+
+def create_app(service: Service) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        yield
+        await asyncio.to_thread(service.close)
+
+    app = FastAPI(title="cast-trtllm (OpenAI-compatible)", lifespan=lifespan)
+    app.add_middleware(RequestCounter, metrics=service.metrics)
+    install_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if service.draining:
+            raise APIError(503, "server shutting down", code="shutting_down")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=service.model_name, created=service.created)])
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        _check(service, body)
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            ids = _tokenize(service, prompt, add_special_tokens=True)
+        else:
+            vocab = service.engine.target.config.vocab_size
+            if any(not 0 <= t < vocab for t in prompt):
+                raise APIError(400, f"prompt holds token ids outside [0, {vocab})", "prompt", "invalid_value")
+            ids = list(prompt)
+        return await _serve(service, body, ids, f"cmpl-{uuid.uuid4().hex}", request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        _check(service, body)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        if not any(m["content"].strip() for m in messages):
+            raise APIError(400, "messages hold no text: send at least one non-empty message", "messages",
+                           "invalid_value")
+        text = render_chat(service.tokenizer, messages)
+        ids = _tokenize(service, text, add_special_tokens=False)
+        return await _serve(service, body, ids, f"chatcmpl-{uuid.uuid4().hex}", request, chat=True)
+
+    return app
+
+
+def _check(service: Service, body: GenerationRequest) -> None:
+    problem = body.unsupported()
+    if problem is not None:
+        raise APIError(400, problem[1], problem[0], "unsupported_parameter")
+    if body.model != service.model_name:
+        raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{service.model_name}`",
+                       "model", "model_not_found")
+
+
+def _tokenize(service: Service, text: str, add_special_tokens: bool) -> list[int]:
+    if not text.strip():
+        raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
+    if len(text) > MAX_CHARS_PER_TOKEN * service.context_window:
+        raise APIError(400, f"the prompt ({len(text)} characters) is far longer than the context window of "
+                            f"{service.context_window} tokens", "prompt", "context_length_exceeded")
+    return tokenize(service.tokenizer, text, add_special_tokens)
+
+
+def _max_tokens(service: Service, body: GenerationRequest, prompt_len: int) -> int:
+    window, limit = service.context_window, service.cfg.max_tokens_limit
+    room = window - prompt_len
+    if room < 1:
+        raise APIError(400, f"the prompt has {prompt_len} tokens; the context window holds {window}: shorten it",
+                       "prompt", "context_length_exceeded")
+    asked = body.requested_max_tokens()
+    if asked is None:
+        return min(service.cfg.default_max_tokens, room)
+    if asked > limit:
+        raise APIError(400, f"max_tokens={asked} is over this server's limit of {limit}", "max_tokens",
+                       "invalid_value")
+    if asked > room:
+        raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window of "
+                            f"{window} tokens; shorten the prompt or lower max_tokens", "max_tokens",
+                       "context_length_exceeded")
+    return asked
+
+
+async def _serve(service: Service, body: GenerationRequest, ids: list[int], request_id: str, request: Request,
+                 chat: bool) -> Response:
+    if not ids:
+        raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
+    stops = body.stop_strings()
+    try:
+        engine_request = build_request(request_id, ids, _max_tokens(service, body, len(ids)), body.temperature,
+                                       body.top_p, body.top_k, body.seed, stops, body.ignore_eos, body.cast)
+    except ValueError as err:
+        raise APIError(400, str(err), None, "invalid_value") from err
+    gen = service.submit(engine_request)
+    fmt = ResponseFormat(request_id, service.model_name, int(time.time()), chat, len(ids))
+    headers = {"X-Request-Id": request_id}
+    if body.stream:
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return EventSourceResponse(_events(service, gen, stops, fmt, usage), headers=headers,
+                                   shutdown_grace_period=service.cfg.shutdown_grace_s + 5.0)
+    final = await _final(service, gen, request)
+    if final is None:
+        return Response(status_code=CLIENT_GONE)
+    if final.error is not None:
+        raise service.failure(final)
+    text = visible_text(service.tokenizer.decode(final.tokens, skip_special_tokens=True), stops, True)
+    return JSONResponse(fmt.full(text, final).model_dump(), headers=headers)
+
+
+async def _final(service: Service, gen: Generation, request: Request) -> Update | None:
+    """The request's last update, or None if its client disconnected first (then it is cancelled)."""
+    check_at = time.monotonic() + DISCONNECT_POLL_S
+    while True:
+        try:
+            update = await asyncio.wait_for(gen.queue.get(), DISCONNECT_POLL_S)
+            if update.finished:
+                return update
+        except TimeoutError:
+            pass
+        if time.monotonic() >= check_at:
+            check_at = time.monotonic() + DISCONNECT_POLL_S
+            if await request.is_disconnected():
+                service.cancel(gen)
+                return None
+
+
+async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt: ResponseFormat,
+                  usage: bool) -> AsyncIterator[dict[str, str]]:
+    """SSE events of one streamed request; cancels it if the stream is torn down early."""
+    sent, final = "", None
+    try:
+        if fmt.chat:
+            yield fmt.role_chunk()
+        while final is None:
+            update = await gen.queue.get()
+            if update.error is not None:
+                final = update
+                yield {"data": json.dumps(service.failure(update).body())}
+                break
+            text = service.tokenizer.decode(update.tokens, skip_special_tokens=True)
+            piece = delta(sent, visible_text(text, stops, update.finished))
+            sent += piece
+            final = update if update.finished else None
+            if piece or final is not None:
+                yield fmt.chunk(piece, None if final is None else final.finish_reason)
+        if usage and final.error is None:
+            yield fmt.usage_chunk(len(final.tokens))
+        yield {"data": "[DONE]"}
+    finally:
+        if final is None:  # the client went away (or the server stopped streaming)
+            service.cancel(gen)
+

@@ -1,0 +1,193 @@
+"""OpenAI request and response bodies (the fields `trtllm-serve` accepts), as pydantic models.
+
+Requests are strict (no "5" for 5, no true for 1) and closed: an unknown field is an
+error, never silently dropped. Fields that OpenAI defines but this server cannot honour
+without changing the output (n > 1, logprobs, best_of, penalties, logit_bias, echo,
+suffix) are declared so that `unsupported()` can name them in a 400 error.
+Extensions, TensorRT-LLM-style extra body fields: `top_k`, and `cast` = {"method":
+"ar" | "chain" | "cast", "budget": N | "auto"} choosing the speculative method per request.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_STRINGS = 4  # as OpenAI
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CastOptions(_Strict):
+    """Per-request speculative decoding: method and tree budget N ('auto': chosen per round)."""
+
+    method: Literal["ar", "chain", "cast"] | None = None  # None: the server's --method
+    budget: int | Literal["auto"] | None = None  # None: the server's --budget
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False  # one last chunk with `usage` and no choices
+
+
+class GenerationRequest(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default: sampled
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)  # extension; 0 or -1: off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # accepted, unused (it does not change the output)
+    ignore_eos: bool = False  # extension (vLLM / TensorRT-LLM): run to max_tokens
+    cast: CastOptions = Field(default_factory=CastOptions)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) of the first field this server cannot honour, or None."""
+        checks = [
+            ("n", self.n != 1, f"n={self.n} is not supported: this server returns exactly one choice (n must be 1)"),
+            ("presence_penalty", self.presence_penalty != 0, "presence_penalty is not supported (must be 0)"),
+            ("frequency_penalty", self.frequency_penalty != 0, "frequency_penalty is not supported (must be 0)"),
+            ("logit_bias", bool(self.logit_bias), "logit_bias is not supported"),
+            ("stop", len(self.stop_strings()) > MAX_STOP_STRINGS, f"stop holds more than {MAX_STOP_STRINGS} strings"),
+            ("stop", any(not s for s in self.stop_strings()),
+             "stop holds an empty string; every stop must be non-empty"),
+            ("cast.budget", isinstance(self.cast.budget, int) and self.cast.budget < 0,
+             "cast.budget must be 'auto' or an integer >= 0"),
+            ("stream_options", self.stream_options is not None and not self.stream,
+             "stream_options is only allowed with stream=true"),
+        ]
+        return next(((field, message) for field, bad, message in checks if bad), None)
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int]  # text, [text], or token ids
+    logprobs: int | None = None
+    best_of: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt text, or its token ids ([text] counts as text)."""
+        if isinstance(self.prompt, list) and len(self.prompt) == 1 and isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        return self.prompt
+
+    def unsupported(self) -> tuple[str, str] | None:
+        checks = [
+            ("logprobs", self.logprobs is not None, "logprobs is not supported"),
+            ("best_of", self.best_of not in (None, 1), f"best_of={self.best_of} is not supported (must be 1)"),
+            ("echo", self.echo, "echo is not supported"),
+            ("suffix", self.suffix is not None, "suffix is not supported"),
+            ("prompt", isinstance(self.prompt, list) and len(self.prompt) > 1 and
+             all(isinstance(p, str) for p in self.prompt), "send exactly one prompt per request"),
+        ]
+        own = next(((field, message) for field, bad, message in checks if bad), None)
+        return own or super().unsupported()
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def unsupported(self) -> tuple[str, str] | None:
+        checks = [
+            ("logprobs", self.logprobs, "logprobs is not supported"),
+            ("top_logprobs", self.top_logprobs is not None, "top_logprobs is not supported"),
+            ("max_completion_tokens", self.max_tokens is not None and self.max_completion_tokens is not None,
+             "send max_tokens or max_completion_tokens, not both"),
+            ("messages", self.messages[-1].role == "assistant",
+             "the last message must not be from the assistant: this server generates the next assistant turn"),
+        ]
+        own = next(((field, message) for field, bad, message in checks if bad), None)
+        return own or super().unsupported()
+
+
+# ---------------------------------------------------------------------- responses
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: Delta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion", "chat.completion.chunk"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "cast-trtllm"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

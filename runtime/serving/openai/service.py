@@ -1,0 +1,159 @@
+"""The serving core behind the HTTP routes: one `Scheduler` over the engine, and a bridge
+from its thread to asyncio.
+
+The scheduler thread calls `Generation.on_tokens` / `on_done`; each hands a snapshot to
+the server's event loop with `call_soon_threadsafe` into the request's asyncio.Queue, and
+records the metrics on the way. `build_request` is the ONE place an engine request is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cast_trtllm.sampling import SamplingParams
+from runtime.engine import Request
+from runtime.serving.config import ServingConfig
+from runtime.serving.openai.errors import APIError
+from runtime.serving.openai.metrics import ServerMetrics
+from runtime.serving.openai.schemas import CastOptions
+from runtime.serving.scheduler import Overloaded, Scheduler
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine → OpenAI
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What a request has produced so far (all tokens, not a delta)."""
+
+    tokens: list[int]
+    finished: bool = False
+    finish_reason: str | None = None  # OpenAI's: "stop" | "length"
+    error: str | None = None
+
+
+def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
+                  top_k: int, seed: int | None, stops: tuple[str, ...], ignore_eos: bool,
+                  cast: CastOptions) -> Request:
+    """The engine request of one API call (sampling already range-checked by the schema).
+
+    `cast.method` / `cast.budget` left out (None) take the engine's SpecConfig defaults.
+    """
+    sampling = SamplingParams(temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
+                              seed=None if seed is None else seed % (1 << 63))
+    return Request(tuple(prompt_ids), max_tokens, sampling, stops, cast.method, cast.budget,
+                   ignore_eos=ignore_eos, request_id=request_id)
+
+
+class Generation:
+    """One submitted request as the event loop sees it."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, metrics: ServerMetrics) -> None:
+        self.request_id, self.metrics = request_id, metrics
+        self.queue: asyncio.Queue[Update] = asyncio.Queue()
+        self.cancelled = False
+        self._loop = loop
+        self._arrival = self._last = time.monotonic()
+        self._delivered = self._rounds = 0
+
+    # --- scheduler thread
+    def on_tokens(self, live: Any) -> None:
+        self._account(live)
+        self._put(Update(list(live.tokens)))
+
+    def on_done(self, live: Any, error: str | None) -> None:
+        if live is None:
+            self.metrics.finished.labels("cancelled" if self.cancelled else "error").inc()
+            self._put(Update([], True, None, error or "request failed"))
+            return
+        self._account(live)
+        reason = FINISH_REASONS[live.finish_reason]
+        self.metrics.finished.labels(reason).inc()
+        self.metrics.e2e.observe(time.monotonic() - self._arrival)
+        self._put(Update(list(live.tokens), True, reason))
+
+    def _account(self, live: Any) -> None:
+        now, new = time.monotonic(), len(live.tokens) - self._delivered
+        if new > 0:
+            if self._delivered == 0:
+                self.metrics.ttft.observe(now - self._arrival)
+            else:
+                for _ in range(new):
+                    self.metrics.itl.observe((now - self._last) / new)
+            self.metrics.generated_tokens.inc(new)
+            self._delivered, self._last = len(live.tokens), now
+        seen = self._rounds
+        self.metrics.record_rounds(live.accept_lengths[seen:], live.budgets[seen:], live.drafted[seen:])
+        self._rounds = len(live.accept_lengths)
+
+    def _put(self, update: Update) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, update)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            pass
+
+
+class Service:
+    """Engine + scheduler + metrics of one server; `draining` once shutdown has begun."""
+
+    def __init__(self, serving: Any, cfg: ServingConfig, model_name: str) -> None:
+        """serving: `runtime.serving.engine.ServingEngine` (the engine, its tokenizer)."""
+        self.engine, self.tokenizer = serving.engine, serving.tokenizer
+        self.cfg, self.model_name = cfg, model_name
+        self.created = int(time.time())
+        self.metrics = ServerMetrics()
+        self.scheduler = Scheduler(self.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
+        self.metrics.track(lambda: self.scheduler.num_queued, lambda: self.scheduler.num_running)
+        self.draining = False
+        self._stopper: threading.Thread | None = None
+
+    @property
+    def context_window(self) -> int:
+        return self.engine.context_window
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def begin_shutdown(self) -> None:
+        """Stop admission now; in-flight requests get `shutdown_grace_s` to finish (returns at once)."""
+        if self._stopper is None:
+            self.draining = True
+            self._stopper = threading.Thread(target=self.scheduler.shutdown, args=(self.cfg.shutdown_grace_s,),
+                                             name="cast-drain", daemon=True)
+            self._stopper.start()
+
+    def close(self) -> None:
+        """Blocking: drain (if not begun) and wait for the scheduler loop to exit."""
+        self.begin_shutdown()
+        self.scheduler.shutdown(self.cfg.shutdown_grace_s)
+
+    def submit(self, request: Request) -> Generation:
+        if self.draining:
+            raise APIError(503, "server shutting down: not accepting new requests", code="shutting_down")
+        try:  # method / budget this engine cannot run: the client's error, before queueing
+            self.engine._resolve(request)
+        except ValueError as err:
+            raise APIError(400, str(err), param="cast", code="invalid_value") from err
+        gen = Generation(request.request_id, asyncio.get_running_loop(), self.metrics)
+        try:
+            self.scheduler.submit(request, gen.on_tokens, gen.on_done)
+        except Overloaded as err:
+            if self.draining:
+                raise APIError(503, str(err), code="shutting_down") from err
+            raise APIError(429, str(err), code="queue_full") from err
+        self.metrics.prompt_tokens.inc(len(request.prompt_ids))
+        return gen
+
+    def cancel(self, gen: Generation) -> None:
+        """The client went away: free its batch slot before the next round."""
+        gen.cancelled = True
+        self.scheduler.cancel(gen.request_id)
+
+    def failure(self, update: Update) -> APIError:
+        """The error a failed request returns: 503 while draining, else 500."""
+        if self.draining:
+            return APIError(503, update.error, code="shutting_down")
+        return APIError(500, update.error, code="generation_failed")
