@@ -7,9 +7,9 @@ of the weights. `optimization_profiles` writes those records for the build manif
 
     export_verify(target, "verify.onnx", flavour="onnx", mask_words=4)
 
-The verify graph and the exporter itself live in `runtime.model.graphs` (the runtime's
-onnxruntime backend exports the same graph); this module adds the drafter's graphs and
-the manifest records. Exported with `dynamo=False` at opset 18 (BitwiseAnd needs >= 18).
+The verify graph, the drafter's draft and context graphs and their exporters live in
+`runtime.model.graphs` / `runtime.model.draft_graphs` (the runtime's onnxruntime backends
+export the same graphs); this module adds the manifest records. Exported with `dynamo=False` at opset 18 (BitwiseAnd needs >= 18).
 """
 
 from __future__ import annotations
@@ -20,15 +20,12 @@ from typing import Any, Sequence
 
 import torch
 
-from engine_builder.onnx_graphs import ContextGraph, DraftGraph
 from runtime.drafter.model import DFlashDrafter
-from runtime.model.graphs import OPSET, Flavour, VerifyGraph, export_onnx, export_verify_graph
+from runtime.model.draft_graphs import (CONTEXT_OUTPUTS, ContextGraph, DraftGraph, export_context_graph,
+                                        export_draft_graph)
+from runtime.model.graphs import OPSET, Flavour, VerifyGraph, export_verify_graph
 from runtime.model.layers import Rotary
 from runtime.model.llama import LlamaTarget
-
-DRAFT_INPUTS = ("block_ids", "position_ids", "context_keys", "context_values")
-CONTEXT_INPUTS = ("taps", "position_ids")
-CONTEXT_OUTPUTS = ("context_keys", "context_values")
 
 
 def mask_words(max_packed: int) -> int:
@@ -70,16 +67,9 @@ def export_verify(target: LlamaTarget, path: str | Path, flavour: Flavour, mask_
 
 
 def export_draft(drafter: DFlashDrafter, target: LlamaTarget, path: str | Path, example_context: int = 5) -> dict:
-    """Write the DFlash one-pass block graph (the draft engine)."""
-    cfg, path = drafter.config, Path(path)
-    device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
-    gen = torch.Generator().manual_seed(0)
-    block = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64, device=device)
-    positions = example_context + torch.arange(cfg.block_size, device=device)
-    ctx_shape = (cfg.num_hidden_layers, example_context, cfg.num_key_value_heads, cfg.head_dim)
-    ctx = [torch.randn(ctx_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
-    dynamic = {"context_keys": {1: "context"}, "context_values": {1: "context"}}
-    export_onnx(DraftGraph(drafter, target), (block, positions, *ctx), path, DRAFT_INPUTS, ("logits",), dynamic)
+    """Write the DFlash one-pass block graph (the draft engine, layer-major context K/V)."""
+    cfg, path, dtype = drafter.config, Path(path), target.lm_head.weight.dtype
+    export_draft_graph(DraftGraph(drafter, target), path, example_context)
     kv = [cfg.num_hidden_layers, "context", cfg.num_key_value_heads, cfg.head_dim]
     return _record(path, inputs={
         "block_ids": ([cfg.block_size], "int64"), "position_ids": ([cfg.block_size], "int64"),
@@ -88,14 +78,10 @@ def export_draft(drafter: DFlashDrafter, target: LlamaTarget, path: str | Path, 
 
 
 def export_context(drafter: DFlashDrafter, path: str | Path) -> dict:
-    """Write the feature-cache append graph: target taps -> drafter context K/V."""
+    """Write the feature-cache append graph: target taps -> drafter context K/V (layer-major)."""
     cfg, path = drafter.config, Path(path)
-    device, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
-    width = drafter.fc.weight.shape[1]
-    taps = torch.randn(3, width, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
-    positions = torch.arange(3, device=device)
-    dynamic = {"taps": {0: "m"}, "position_ids": {0: "m"}, "context_keys": {1: "m"}, "context_values": {1: "m"}}
-    export_onnx(ContextGraph(drafter), (taps, positions), path, CONTEXT_INPUTS, CONTEXT_OUTPUTS, dynamic)
+    dtype, width = drafter.fc.weight.dtype, drafter.fc.weight.shape[1]
+    export_context_graph(ContextGraph(drafter), path)
     return _record(path, inputs={"taps": (["m", width], _name(dtype)), "position_ids": (["m"], "int64")},
                    outputs=list(CONTEXT_OUTPUTS), target_layer_ids=list(cfg.target_layer_ids))
 

@@ -36,9 +36,8 @@ class Variant:
 
 def build_variant(text: str, built: Any) -> Variant:
     """The engine of variant `text` next to `built` (runtime.engine.build.Built)."""
-    from runtime.drafter import DrafterExecutor
     from runtime.engine import LLMEngine
-    from runtime.engine.backend import TorchTarget
+    from runtime.engine.autoconfig import make_backend, make_drafter
     from runtime.engine.build import online_cost
 
     kind, threads = VARIANT.match(check_variant(text)).groups()
@@ -49,15 +48,11 @@ def build_variant(text: str, built: Any) -> Variant:
     if model.lm_head.weight.dtype != dtype:
         model = copy.deepcopy(model).to(dtype)
     taps = base.target.tap_layer_ids
-    if kind == "ort":
-        from runtime.backends.ort_target import OrtTarget
-
-        backend = OrtTarget(model, taps, threads=threads)
-    else:
-        backend = TorchTarget(model, taps)
+    backend = make_backend("onnxruntime" if kind == "ort" else "torch", model, taps,
+                           threads or torch.get_num_threads())
     drafter, cost, width = None, None, None
     if base.drafter is not None:
-        drafter = DrafterExecutor(copy.deepcopy(base.drafter.drafter), model)
+        drafter = make_drafter(backend.name, copy.deepcopy(built.models.drafter), model, threads or torch.get_num_threads())
         previous = torch.get_num_threads()
         torch.set_num_threads(threads or previous)
         try:

@@ -45,6 +45,7 @@ class GenerationResult:
     accept_lengths: list[int] = field(default_factory=list)  # committed R per round
     budgets: list[int] = field(default_factory=list)  # tree size N per round
     drafted: list[bool] = field(default_factory=list)  # whether the round drafted (False: AR / gated)
+    round_ms: list[float] = field(default_factory=list)  # wall ms of each round (inside the decode window)
     timings: Timings = field(default_factory=Timings)
 
     @property
@@ -77,6 +78,7 @@ class GenerationResult:
             "mean_accept_length": self.mean_accept_length,
             "budgets": self.budgets,
             "drafted": self.drafted,
+            "round_ms": self.round_ms,
             "decode_ms_per_token": self.decode_ms_per_token,
             "tokens_per_s": self.tokens_per_s,
             "timings": asdict(self.timings),

@@ -102,6 +102,17 @@ def make_backend(name: str, model: Any, tap_layer_ids: tuple[int, ...], threads:
     return TorchTarget(model, tap_layer_ids)
 
 
+def make_drafter(name: str, drafter: Any, model: Any, threads: int) -> Any:
+    """The drafter executor that goes with target backend `name` (same interface)."""
+    if name == "onnxruntime":
+        from runtime.backends.ort_drafter import OrtDrafter
+
+        return OrtDrafter(drafter, model, threads=threads)
+    from runtime.drafter.executor import DrafterExecutor
+
+    return DrafterExecutor(drafter, model)
+
+
 def verify_ms(backend: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repeats: int = PROBE_REPEATS
               ) -> dict[str, float]:
     """Median ms of one verify pass at each packed count, on a `prefix`-token KV cache."""

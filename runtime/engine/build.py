@@ -134,7 +134,6 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
     this machine, from the cache or a first-use probe (`say` reports which, and why).
     """
     from runtime.device import device_name
-    from runtime.drafter.executor import DrafterExecutor
     from runtime.engine import autoconfig
     from runtime.loader import load_models
 
@@ -164,8 +163,9 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
     if auto:
         say(f"execution: {backend} {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
             f"({execution})")
-    draft = None if models.drafter is None else DrafterExecutor(models.drafter, models.target)
     target = autoconfig.make_backend(backend, models.target, taps, torch.get_num_threads())
+    draft = None if models.drafter is None else autoconfig.make_drafter(backend, models.drafter, models.target,
+                                                                          torch.get_num_threads())
     width, path, cost = None, None, None
     if draft is not None and spec.width_rule == "marginal":
         width, path = width_source(spec, models.name, models.dtype, dev, draft.mass_exponent)

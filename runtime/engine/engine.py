@@ -224,6 +224,7 @@ class LLMEngine:
             else:
                 t.draft_ms += draft_ms
                 t.decode_ms += draft_ms
+            seq.round_ms.append((t4 - t0) * 1e3 - (t.first_draft_ms if first else 0.0))
             t.verify_ms += verify_ms
             t.overhead_ms += overhead_ms
             t.decode_ms += verify_ms + overhead_ms

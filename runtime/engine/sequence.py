@@ -60,6 +60,7 @@ class Sequence:
     accept_lengths: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
     drafted: list[bool] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
     finish_reason: str | None = None
     error: str | None = None
@@ -81,5 +82,5 @@ class Sequence:
         return GenerationResult(
             self.method, text, list(self.tokens), self.finish_reason or "", len(self.request.prompt_ids),
             accept_lengths=list(self.accept_lengths), budgets=list(self.budgets), drafted=list(self.drafted),
-            timings=self.timings,
+            round_ms=list(self.round_ms), timings=self.timings,
         )

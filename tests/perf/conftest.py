@@ -26,7 +26,8 @@ def tiny_session(engine_cls: type = LLMEngine) -> DecodeSession:
     drafter = DrafterExecutor(random_drafter(TINY, block_size=8, init_std=0.2), model)
     engine = engine_cls(model, drafter, None, (), SpecConfig(rank_cap=4))
     engine.rule, engine.rounds = None, []
-    models = SimpleNamespace(name="tiny random", source="tests", dtype=torch.float32, tokenizer=None)
+    models = SimpleNamespace(name="tiny random", source="tests", dtype=torch.float32, tokenizer=None,
+                             drafter=drafter.drafter)
     return DecodeSession(Built(engine, models, torch.device("cpu"), None), chat=False)
 
 

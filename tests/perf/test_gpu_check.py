@@ -75,4 +75,5 @@ def test_without_cuda_only_the_dry_run_is_allowed(capsys):
 def test_shell_script_is_valid_bash_with_a_time_guard():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     text = SCRIPT.read_text()
-    assert "timeout 470 python -m perf.gpu_check" in text and "unset TRITON_INTERPRET" in text
+    assert "timeout 330 python -m perf.gpu_check" in text and "unset TRITON_INTERPRET" in text
+    assert "timeout 140 python -m perf.gpu_round_loop" in text  # 330 + 140 s: within the 8-minute budget
