@@ -84,6 +84,8 @@ class DraftGate:
     probe_every: int = 16      # rounds between tries of the arm not being played
     prior_tokens: float = 2.0  # pseudo-count of the realized / predicted correction
     costs: RoundCosts | None = None  # price both arms from this table (else: wall-clock EWMA)
+    min_drafted: int = 4  # with costs: drafted rounds before the gate may turn drafting off (the
+    # first block after a prompt is the least certain; one reading must not decide)
     speculate: ArmStats = field(default_factory=ArmStats)
     autoregressive: ArmStats = field(default_factory=ArmStats)
     realized: float = 0.0      # accepted (non-root) tokens of drafted rounds with a forecast
@@ -157,7 +159,7 @@ class DraftGate:
 
     def draft_next(self) -> bool:
         """Whether the next round drafts."""
-        if self.speculate.rounds == 0:
+        if self.speculate.rounds == 0 or (self.costs is not None and self.speculate.rounds < self.min_drafted):
             return True
         if self.autoregressive.rounds == 0 and self.costs is None:  # measure the AR arm once
             return False

@@ -171,7 +171,7 @@ class LLMEngine:
         ids, lp = topk(draft_logits, self.spec.rank_cap)
         chosen, chosen_masses = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
                                              [self.target.prefix_len(s.target) for s in drafting], ids, lp,
-                                             self.spec, self.width)
+                                             self.spec, self.width, [s.acceptance_scale for s in drafting])
         index = {id(s): j for j, s in enumerate(drafting)}
         for b, seq in enumerate(batch):
             if id(seq) in index:
@@ -225,6 +225,9 @@ class LLMEngine:
                 t.draft_ms += draft_ms
                 t.decode_ms += draft_ms
             seq.round_ms.append((t4 - t0) * 1e3 - (t.first_draft_ms if first else 0.0))
+            if mass is not None:  # a drafted auto round: how its forecast compares with what committed
+                seq.forecast += expected_committed(tree, self._beta(seq)) - 1.0
+                seq.accepted += seq.accept_lengths[-1] - 1
             t.verify_ms += verify_ms
             t.overhead_ms += overhead_ms
             t.decode_ms += verify_ms + overhead_ms

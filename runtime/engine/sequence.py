@@ -61,6 +61,8 @@ class Sequence:
     budgets: list[int] = field(default_factory=list)
     drafted: list[bool] = field(default_factory=list)
     round_ms: list[float] = field(default_factory=list)
+    accepted: float = 0.0  # accepted (non-root) tokens of drafted auto rounds
+    forecast: float = 0.0  # their forecast: sum of the chosen trees' calibrated node masses
     timings: Timings = field(default_factory=Timings)
     finish_reason: str | None = None
     error: str | None = None
@@ -72,6 +74,12 @@ class Sequence:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def acceptance_scale(self, prior_tokens: float = 2.0) -> float:
+        """Realized / forecast accepted tokens of this request (shrunk to 1 by a prior):
+        how much the drafter's masses under- or over-state what the target accepts here."""
+        return (self.accepted + prior_tokens) / (self.forecast + prior_tokens)
 
     @property
     def num_rounds(self) -> int:

@@ -45,6 +45,7 @@ def choose_trees(
     lp: np.ndarray,  # [B, L, K]
     spec: SpecConfig,
     width: WidthSource | None,
+    scales: Sequence[float] | None = None,  # per request: realized / forecast acceptance so far
 ) -> tuple[list[Tree], list[np.ndarray | None]]:
     """One tree per drafted request (same order as `methods`), and the sorted prefix masses
     each `auto` request's tree was chosen from (None for the others)."""
@@ -63,8 +64,9 @@ def choose_trees(
             raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
         rule = width(max(prefix_lens[b] for b in auto))
         limit = min(rule.max_budget * len(auto), spec.max_nodes(ids.shape[1]) * len(auto))
-        for b in auto:
-            masses[b] = sorted_prefix_masses(lp[b], limit // len(auto))
+        for b in auto:  # this request's masses, rescaled by what the target has accepted of them
+            scale = 1.0 if scales is None else scales[b]
+            masses[b] = np.minimum(sorted_prefix_masses(lp[b], limit // len(auto)) * scale, 1.0)
         if len(auto) == 1:
             b = auto[0]
             n = int(rule.choose(masses[b], batch=1).budget)
