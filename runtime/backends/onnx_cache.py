@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -32,48 +32,62 @@ GRAPH_FILE = "verify.onnx"
 WEIGHT_SAMPLES = 4096  # values hashed per weight tensor
 
 
+def hash_weights(digest, module: torch.nn.Module) -> None:
+    """Feed a strided sample of every weight tensor (name, shape, dtype, values) to `digest`."""
+    for name, tensor in module.state_dict().items():
+        flat = tensor.detach().reshape(-1)
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(flat[:: max(1, flat.numel() // WEIGHT_SAMPLES)].float().cpu().numpy().tobytes())
+
+
+def onnx_root(cache_dir: str | Path | None) -> Path:
+    """The folder of exported graphs (default `runtime.engine.autoconfig.cache_dir()/onnx`)."""
+    if cache_dir is None:
+        from runtime.engine.autoconfig import cache_dir as runtime_cache  # lazy: the engine may import backends
+
+        return runtime_cache() / "onnx"
+    return Path(cache_dir)
+
+
+def export_once(folder: Path, files: Sequence[str], what: str, write: Callable[[Path], None]) -> tuple[Path, ...]:
+    """`folder/files`, written by `write(scratch_folder)` on first use.
+
+    The export goes to a private folder that is then renamed, so a concurrent exporter
+    never sees half a file (if another process finished first, its export is the same)."""
+    paths = tuple(folder / f for f in files)
+    if all(p.is_file() for p in paths):
+        return paths
+    scratch = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"[ort] exporting {what} to {folder} (first use)", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    with torch.inference_mode(False):
+        write(scratch)
+    try:
+        scratch.rename(folder)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"[ort] exported in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    return paths
+
+
 def model_identity(model: LlamaTarget, tap_layer_ids: Sequence[int]) -> str:
     """16 hex digits naming (config, taps, graph code, weights) without reading every byte."""
     digest = hashlib.sha256()
     digest.update(repr((model.config, tuple(tap_layer_ids))).encode())
     digest.update(inspect.getsource(graphs).encode())
     digest.update(model.rotary.inv_freq.cpu().numpy().tobytes() + repr(model.rotary.attention_scaling).encode())
-    for name, tensor in model.state_dict().items():
-        flat = tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // WEIGHT_SAMPLES)
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(flat[::step].float().cpu().numpy().tobytes())
+    hash_weights(digest, model)
     return digest.hexdigest()[:16]
 
 
 def verify_graph_path(model: LlamaTarget, tap_layer_ids: Sequence[int], cache_dir: str | Path | None = None) -> Path:
-    """The exported verify graph of `model`, exporting it first if this identity has none.
+    """The exported verify graph of `model`, exporting it first if this identity has none."""
+    folder = onnx_root(cache_dir) / model_identity(model, tap_layer_ids)
 
-    cache_dir: the folder holding one sub-folder per model identity
-    (default `runtime.engine.autoconfig.cache_dir()/onnx`).
-    """
-    if cache_dir is None:
-        from runtime.engine.autoconfig import cache_dir as runtime_cache  # lazy: the engine may import backends
-
-        cache_dir = runtime_cache() / "onnx"
-    root = Path(cache_dir)
-    folder = root / model_identity(model, tap_layer_ids)
-    path = folder / GRAPH_FILE
-    if path.is_file():
-        return path
-    # export into a private folder, then rename: a concurrent exporter never sees half a file
-    scratch = root / f".{folder.name}.{os.getpid()}.tmp"
-    shutil.rmtree(scratch, ignore_errors=True)
-    print(f"[ort] exporting the verify graph ({model.config.num_layers} layers) to {folder} (first use)",
-          file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    graph = graphs.VerifyGraph(model, "onnx", tap_layer_ids, kv_layout="token", logit_rows=True,
-                              shared_head=False)
-    with torch.inference_mode(False):
+    def write(scratch: Path) -> None:
+        graph = graphs.VerifyGraph(model, "onnx", tap_layer_ids, kv_layout="token", logit_rows=True,
+                                   shared_head=False)
         graphs.export_verify_graph(graph, scratch / GRAPH_FILE, mask_words=None)
-    try:
-        scratch.rename(folder)
-    except OSError:  # another process finished first: its export is the same graph
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(f"[ort] exported in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    return path
+
+    return export_once(folder, (GRAPH_FILE,), f"the verify graph ({model.config.num_layers} layers)", write)[0]

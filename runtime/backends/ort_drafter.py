@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from runtime.backends.onnx_cache import WEIGHT_SAMPLES, model_identity
+from runtime.backends.onnx_cache import export_once, hash_weights, model_identity, onnx_root
+from runtime.backends.token_kv import TokenMajorKV
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead
@@ -43,60 +42,25 @@ from runtime.model.llama import LlamaTarget
 DRAFT_FILE, CONTEXT_FILE = "draft.onnx", "context.onnx"
 
 
-class FeatureCache:
-    """One request's drafter state: token-major context K/V buffers and P (committed rows)."""
-
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"feature cache capacity must be >= 1, got {capacity}")
-        shape = (capacity, num_layers, num_kv_heads, head_dim)
-        self.keys = np.zeros(shape, dtype=np.float32)  # [capacity, layers, Hkv, d]
-        self.values = np.zeros(shape, dtype=np.float32)
-        self.length = 0  # P = |x|
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[0]
-
-
 def drafter_identity(drafter: DFlashDrafter, target: LlamaTarget) -> str:
     """16 hex digits naming (target, drafter config, drafter weights, graph code)."""
     digest = hashlib.sha256(model_identity(target, ()).encode())
     digest.update(repr(drafter.config).encode() + inspect.getsource(draft_graphs).encode())
-    for name, tensor in drafter.state_dict().items():
-        flat = tensor.detach().reshape(-1)
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(flat[:: max(1, flat.numel() // WEIGHT_SAMPLES)].float().cpu().numpy().tobytes())
+    hash_weights(digest, drafter)
     return digest.hexdigest()[:16]
 
 
 def drafter_graph_paths(drafter: DFlashDrafter, target: LlamaTarget, cache_dir: str | Path | None = None
                         ) -> tuple[Path, Path]:
     """(draft, context) graphs of this drafter over `target`, exporting them on first use."""
-    if cache_dir is None:
-        from runtime.engine.autoconfig import cache_dir as runtime_cache  # lazy: the engine may import backends
+    folder = onnx_root(cache_dir) / f"drafter-{drafter_identity(drafter, target)}"
 
-        cache_dir = runtime_cache() / "onnx"
-    root = Path(cache_dir)
-    folder = root / f"drafter-{drafter_identity(drafter, target)}"
-    paths = folder / DRAFT_FILE, folder / CONTEXT_FILE
-    if all(p.is_file() for p in paths):
-        return paths
-    # export into a private folder, then rename: a concurrent exporter never sees half a file
-    scratch = root / f".{folder.name}.{os.getpid()}.tmp"
-    shutil.rmtree(scratch, ignore_errors=True)
-    print(f"[ort] exporting the drafter's graphs to {folder} (first use)", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    with torch.inference_mode(False):
+    def write(scratch: Path) -> None:
         draft_graphs.export_draft_graph(draft_graphs.DraftGraph(
             drafter, target, kv_layout="token", draft_vocab_logits=True, shared_head=False), scratch / DRAFT_FILE)
         draft_graphs.export_context_graph(draft_graphs.ContextGraph(drafter, kv_layout="token"), scratch / CONTEXT_FILE)
-    try:
-        scratch.rename(folder)
-    except OSError:  # another process finished first: its export is the same graphs
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(f"[ort] exported in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    return paths
+
+    return export_once(folder, (DRAFT_FILE, CONTEXT_FILE), "the drafter's graphs", write)
 
 
 class OrtDrafter:
@@ -148,12 +112,12 @@ class OrtDrafter:
     def mass_exponent(self) -> float:
         return self.config.mass_exponent
 
-    def new_state(self, capacity: int) -> FeatureCache:
+    def new_state(self, capacity: int) -> TokenMajorKV:
         """An empty feature cache of `capacity` context rows."""
         cfg = self.config
-        return FeatureCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, capacity)
+        return TokenMajorKV(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, capacity)
 
-    def append_context(self, state: FeatureCache, taps: torch.Tensor) -> None:
+    def append_context(self, state: TokenMajorKV, taps: torch.Tensor) -> None:
         """taps: [m, F] target taps of the m newly committed positions, in order."""
         if taps.dim() != 2:
             raise ValueError(f"taps must be [m, F], got shape {tuple(taps.shape)}")
@@ -171,7 +135,7 @@ class OrtDrafter:
         self.context_session.run_with_iobinding(binding)
         state.length += m
 
-    def draft(self, states: Sequence[FeatureCache], roots: Sequence[int]) -> torch.Tensor:
+    def draft(self, states: Sequence[TokenMajorKV], roots: Sequence[int]) -> torch.Tensor:
         """Logits [B, L, V] of the marginals q_1..q_L of every request's block."""
         if len(states) != len(roots):
             raise ValueError(f"{len(states)} feature caches but {len(roots)} roots")

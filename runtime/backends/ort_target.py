@@ -30,45 +30,9 @@ import torch
 from cast_trtllm.masks import bitmask, position_ids
 from cast_trtllm.tree import Tree
 from runtime.backends.onnx_cache import verify_graph_path
-from runtime.kv_cache import CacheFullError
+from runtime.backends.token_kv import TokenMajorKV
 from runtime.model.llama import LlamaTarget
 from runtime.model.tree_attention_backend import causal_chain
-
-
-class OrtSequence:
-    """One request's target state: token-major K/V buffers and P (committed rows)."""
-
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
-        shape = (capacity, num_layers, num_kv_heads, head_dim)
-        self.keys = np.zeros(shape, dtype=np.float32)  # [capacity, layers, Hkv, d]
-        self.values = np.zeros(shape, dtype=np.float32)
-        self.length = 0  # P = |x|
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[0]
-
-    def check_room(self, num_new: int) -> None:
-        if self.length + num_new > self.capacity:
-            raise CacheFullError(
-                f"sequence of {self.length + num_new} tokens exceeds the cache capacity of "
-                f"{self.capacity} (the context window); shorten the prompt or max_new_tokens"
-            )
-
-    def compact(self, keep_pack_indices: np.ndarray) -> None:
-        """Commit pending rows `keep_pack_indices` ([m] increasing, relative to P) by
-        gathering them in place to rows [P, P+m)."""
-        keep = np.asarray(keep_pack_indices, dtype=np.int64)
-        m = len(keep)
-        if m and (keep[0] < 0 or np.any(np.diff(keep) <= 0)):
-            raise ValueError(f"keep_pack_indices must be increasing and >= 0, got {keep.tolist()}")
-        if not np.array_equal(keep, np.arange(m)):  # a contiguous head is already in place
-            src, dst = keep + self.length, slice(self.length, self.length + m)
-            self.keys[dst] = self.keys[src]  # fancy indexing copies the source first: overlap is safe
-            self.values[dst] = self.values[src]
-        self.length += m
 
 
 class OrtTarget:
@@ -115,11 +79,11 @@ class OrtTarget:
               file=sys.stderr, flush=True)
         self.tap_width = len(self.tap_layer_ids) * cfg.hidden_size  # F
 
-    def new_sequence(self, capacity: int) -> OrtSequence:
+    def new_sequence(self, capacity: int) -> TokenMajorKV:
         cfg = self.config
-        return OrtSequence(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity)
+        return TokenMajorKV(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity)
 
-    def prefix_len(self, seq: OrtSequence) -> int:
+    def prefix_len(self, seq: TokenMajorKV) -> int:
         return seq.length
 
     def _outputs(self, rows: int, tap_rows: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -128,7 +92,7 @@ class OrtTarget:
         taps = np.empty((tap_rows, self.tap_width), dtype=np.float32) if self.tap_layer_ids else None  # [n, F]
         return logits, taps
 
-    def _run(self, seq: OrtSequence, tokens: np.ndarray, positions: np.ndarray, words: np.ndarray,
+    def _run(self, seq: TokenMajorKV, tokens: np.ndarray, positions: np.ndarray, words: np.ndarray,
              logit_rows: np.ndarray, logits: np.ndarray, taps: np.ndarray | None) -> None:
         """One graph pass over n tokens of `seq`; K/V land in its pending rows [P, P+n).
 
@@ -150,7 +114,7 @@ class OrtTarget:
             binding.bind_output("taps", "cpu", 0, np.float32, list(taps.shape), taps.ctypes.data)
         self.session.run_with_iobinding(binding)
 
-    def prefill(self, seq: OrtSequence, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prefill(self, seq: TokenMajorKV, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the prompt [P] as a chain and commit it -> (last-row logits [1, V], taps [P, F])."""
         if token_ids.dim() != 1 or token_ids.numel() == 0:
             raise ValueError("prefill needs a non-empty 1-D tensor of token ids")
@@ -162,7 +126,7 @@ class OrtTarget:
         seq.length += n
         return torch.from_numpy(logits), None if taps is None else torch.from_numpy(taps)
 
-    def verify(self, seqs: Sequence[OrtSequence], packs: Sequence[np.ndarray], trees: Sequence[Tree]
+    def verify(self, seqs: Sequence[TokenMajorKV], packs: Sequence[np.ndarray], trees: Sequence[Tree]
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ONE verify step over every pack (one graph pass per request, in order).
 
@@ -182,6 +146,6 @@ class OrtTarget:
             row += n
         return torch.from_numpy(logits), None if taps is None else torch.from_numpy(taps)
 
-    def commit(self, seq: OrtSequence, kept_rows: np.ndarray) -> None:
+    def commit(self, seq: TokenMajorKV, kept_rows: np.ndarray) -> None:
         """Keep pack rows [0] + accepted path: K/V -> x∘b∘y_1:A."""
         seq.compact(kept_rows)
