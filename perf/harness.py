@@ -1,7 +1,7 @@
 """Run AR / DFlash-chain / CAST on one prompt set through the one decoding loop.
 
 Timing protocol (paper App. D): every method runs the same prompts, the same token
-budget and the same `runtime.decoder.Decoder` loop; the decode-only window of
+budget and the same engine (`runtime.engine.LLMEngine`); the decode-only window of
 `runtime.result.Timings` (prefill and the first draft excluded) gives ms/token. Methods
 are interleaved per prompt and their order rotates from prompt to prompt (prompt 1: ar,
 chain, cast; prompt 2: chain, cast, ar; ...), so slow drift of a shared machine, and

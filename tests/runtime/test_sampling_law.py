@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from cast_trtllm.sampling import SamplingParams, target_probs
-from runtime.decoder import DecodeConfig, Decoder
-from runtime.target import TargetExecutor
+from cast_trtllm.spec_config import SpecConfig
+from runtime.engine import LLMEngine, Request
 
 from tests.runtime.doubles import tiny_target
 
@@ -31,29 +31,32 @@ class NoisyTargetDrafter:
 
     num_draft_positions = 3
     tap_layer_ids = (0,)
+    mass_exponent = 1.0
 
     def __init__(self, hf, unnameable: torch.Tensor | None = None):
         self.hf = hf
         self.unnameable = unnameable  # token ids with drafter mass 0 (a reduced draft vocabulary)
-        self.ids, self.root = None, None
         self.memo = {}  # context -> proposals (deterministic, so cached)
 
-    def reset(self, capacity):
-        self.ids, self.root = [], None
+    def new_state(self, capacity):
+        return {"ids": [], "root": None}
 
-    def append_context(self, taps):
+    def append_context(self, state, taps):
         m = taps.shape[0]
-        if self.root is None:
-            self.ids = list(PROMPT)  # the prompt's own taps
-        elif m == 1 and self.ids is not None:
-            self.ids.append(self.root)
+        if state["root"] is None:
+            state["ids"] = list(PROMPT)  # the prompt's own taps
+        elif m == 1 and state["ids"] is not None:
+            state["ids"].append(state["root"])
         else:
-            self.ids = None  # accepted nodes: only happens after the horizon is complete
+            state["ids"] = None  # accepted nodes: only happens after the horizon is complete
 
-    def draft(self, root):
-        assert self.ids is not None, "drafted past the horizon"
-        self.root = root
-        ctx = self.ids + [root]
+    def draft(self, states, roots):
+        return torch.stack([self._one(s, r) for s, r in zip(states, roots)])  # [B, L, V]
+
+    def _one(self, state, root):
+        assert state["ids"] is not None, "drafted past the horizon"
+        state["root"] = root
+        ctx = state["ids"] + [root]
         if tuple(ctx) not in self.memo:
             self.memo[tuple(ctx)] = self._propose(ctx, root)
         return self.memo[tuple(ctx)]
@@ -101,12 +104,10 @@ def test_cast_sampling_matches_the_autoregressive_law_within_the_monte_carlo_flo
     # reduced: the drafter cannot name every other token of the target's top-5 at the first step
     top = torch.topk(hf(torch.tensor(PROMPT)[None]).logits[0, -1], 5).indices
     drafter = NoisyTargetDrafter(hf, top[1::2] if reduced_vocab else None)
-    dec = Decoder(TargetExecutor(model, drafter.tap_layer_ids), drafter)
+    engine = LLMEngine(model, drafter, spec=SpecConfig(rank_cap=2, budget=6))
     counts, accepted = {}, 0
     for seed in range(SAMPLES):
-        cfg = DecodeConfig("cast", 6, rank_cap=2, max_new_tokens=HORIZON,
-                           sampling=SamplingParams(1.0, top_k=5, seed=seed))
-        out = dec.generate(PROMPT, cfg)
+        out = engine.generate([Request(PROMPT, HORIZON, SamplingParams(1.0, top_k=5, seed=seed))])[0]
         key = tuple(out.token_ids)
         counts[key] = counts.get(key, 0) + 1
         accepted += out.num_rounds == 1  # round 1 accepted a node (else a 2nd round ran)

@@ -16,7 +16,7 @@ from cast_trtllm.tree import build_tree, topk_per_position  # noqa: E402
 from plugins.tree_attention import triton_available  # noqa: E402
 from runtime.model.attention import SdpaAttention  # noqa: E402
 from runtime.model.tree_attention_backend import TreeAttention, causal_chain  # noqa: E402
-from runtime.serving.engine import random_target  # noqa: E402
+from tests.runtime.doubles import random_target  # noqa: E402
 from runtime.target import TargetExecutor  # noqa: E402
 
 
