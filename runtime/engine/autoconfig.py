@@ -14,6 +14,7 @@ reference: greedy bf16 output may differ from fp32 at near-ties.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -139,20 +140,24 @@ def verify_ms(backend: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, rep
 
 def measure(model: Any, device: torch.device, device_name: str, key: str, tap_layer_ids: tuple[int, ...] = (),
             progress: Callable[[str], None] = lambda _: None) -> ExecChoice:
-    """Time every candidate on `model` (converted per dtype, then restored) and pick the fastest."""
+    """Time every candidate on `model` and pick the fastest. Another dtype is timed on a
+    converted COPY: the model itself is never rounded (a bf16 round trip would change it)."""
     before_threads, original = torch.get_num_threads(), model.lm_head.weight.dtype
     results: dict[str, dict[str, float]] = {}
+    copies: dict[torch.dtype, Any] = {original: model}
     try:
         for backend, dtype, threads in candidates(device):
             progress(f"timing {backend} {dtype} with {threads} thread(s)")
             torch.set_num_threads(threads)
-            model.to(getattr(torch, dtype))
+            wanted = getattr(torch, dtype)
+            if wanted not in copies:
+                copies[wanted] = copy.deepcopy(model).to(wanted)
             try:
-                results[f"{backend}/{dtype}/{threads}"] = verify_ms(make_backend(backend, model, tap_layer_ids, threads))
+                timed = make_backend(backend, copies[wanted], tap_layer_ids, threads)
+                results[f"{backend}/{dtype}/{threads}"] = verify_ms(timed)
             except (ImportError, RuntimeError, ValueError, OSError) as err:  # a backend that cannot run here
                 progress(f"{backend} {dtype} skipped: {err}")
     finally:
-        model.to(original)
         torch.set_num_threads(before_threads)
     best = min(results, key=lambda k: sum(results[k].values()))
     backend, dtype, threads = best.split("/")

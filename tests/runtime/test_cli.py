@@ -46,7 +46,7 @@ def test_main_job_command_prints_text_and_summary(run):
     from runtime.drafter import DEFAULT_DRAFTER
 
     assert (DEFAULT_DRAFTER / "config.json").is_file()
-    assert "execution: torch float32" in result.stderr or "execution: torch bfloat16" in result.stderr
+    assert any(f"execution: {backend}" in result.stderr for backend in ("torch", "onnxruntime"))
     for label in ("rounds", "mean committed length R", "decode ms/token", "tokens/s"):
         assert label in result.output
 
@@ -164,3 +164,17 @@ def test_trtllm_dflash_yaml_runs_generate_as_the_chain(run, tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1])["method"] == "chain"
     assert "decoding_type DFlash -> method chain" in result.stderr
     assert "acceptance_rate_threshold: ignored" in result.stderr
+
+
+def test_the_first_use_probe_never_rounds_the_model_it_times():
+    """Timing a bf16 candidate must not leave the fp32 model bf16-rounded (a round trip would)."""
+    import torch
+
+    from runtime.engine.autoconfig import measure
+
+    _, model = tiny_target()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    choice = measure(model, torch.device("cpu"), "cpu (test)", "k")
+    assert choice.backend in ("torch", "onnxruntime") and len(choice.measured_ms) >= 4
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model.lm_head.weight.dtype == torch.float32
