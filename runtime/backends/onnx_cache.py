@@ -32,6 +32,18 @@ GRAPH_FILE = "verify.onnx"
 WEIGHT_SAMPLES = 4096  # values hashed per weight tensor
 
 
+def session_options(threads: int, spinning: bool):
+    """CPU session options both backends use: `threads` intra-op, sequential, spinning as asked."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
 def hash_weights(digest, module: torch.nn.Module) -> None:
     """Feed a strided sample of every weight tensor (name, shape, dtype, values) to `digest`."""
     for name, tensor in module.state_dict().items():

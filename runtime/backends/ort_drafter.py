@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from runtime.backends.onnx_cache import export_once, hash_weights, model_identity, onnx_root
+from runtime.backends.onnx_cache import export_once, hash_weights, model_identity, onnx_root, session_options
 from runtime.backends.token_kv import TokenMajorKV
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
@@ -95,11 +95,7 @@ class OrtDrafter:
         head = DraftHead(weight, drafter.d2t)
         self.draft_ids = None if head.target_ids is None else head.target_ids.numpy()  # [Vd] target ids
         self.draft_vocab = self.vocab_size if self.draft_ids is None else len(self.draft_ids)  # Vd
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        options = session_options(threads, spinning)
         start = time.perf_counter()
         draft_path, context_path = drafter_graph_paths(drafter, target, cache_dir)
         providers = ["CPUExecutionProvider"]

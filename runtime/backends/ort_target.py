@@ -29,7 +29,7 @@ import torch
 
 from cast_trtllm.masks import bitmask, position_ids
 from cast_trtllm.tree import Tree
-from runtime.backends.onnx_cache import verify_graph_path
+from runtime.backends.onnx_cache import session_options, verify_graph_path
 from runtime.backends.token_kv import TokenMajorKV
 from runtime.model.llama import LlamaTarget
 from runtime.model.tree_attention_backend import causal_chain
@@ -68,11 +68,7 @@ class OrtTarget:
         self.tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
         self.device, self.dtype, self.threads = torch.device("cpu"), torch.float32, threads
         path = verify_graph_path(model, self.tap_layer_ids, cache_dir)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        options = session_options(threads, spinning)
         start = time.perf_counter()
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         print(f"[ort] verify graph loaded in {time.perf_counter() - start:.1f} s ({threads} thread(s))",
