@@ -60,6 +60,7 @@ class LoadedModels:
     drafter: DFlashDrafter | None  # None for --drafter none
     source: str  # --target resolved: "embedded" or an absolute path
     dtype: torch.dtype
+    drafter_source: str | None = None  # the drafter checkpoint directory loaded (None: no drafter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ def models_from_hf(checkpoint: HFCheckpoint, drafter: str = "default") -> Loaded
     directory = _drafter_dir(drafter, checkpoint.source)
     head = None if directory is None else load_drafter(directory, target.config, weight.device, weight.dtype)
     eos = eos_token_ids(checkpoint.model, checkpoint.tokenizer)
-    return LoadedModels(target, checkpoint.tokenizer, eos, checkpoint.name, head, checkpoint.source, weight.dtype)
+    return LoadedModels(target, checkpoint.tokenizer, eos, checkpoint.name, head, checkpoint.source, weight.dtype,
+                        None if directory is None else str(directory))
 
 
 def eos_token_ids(hf_model: torch.nn.Module, tokenizer: Any) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ class Built:
             "target": self.models.name, "target_source": self.models.source,
             "dtype": str(self.models.dtype).removeprefix("torch."), "device": self.device.type,
             "threads": torch.get_num_threads(),
-            "drafter": None if drafter is None else str(getattr(self.models, "drafter_source", "loaded")),
+            "drafter": None if drafter is None else getattr(self.models, "drafter_source", None),
             "block_positions_L": None if drafter is None else drafter.num_draft_positions,
             "rank_cap_K": self.engine.spec.rank_cap, "width_profile": self.width_profile,
             "width_rule": self.engine.spec.width_rule, "draft_gate": self.engine.spec.draft_gate,
