@@ -40,7 +40,7 @@ def session_options(threads: int, spinning: bool):
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("SPIN", "1" if spinning else "0"))
     return options
 
 

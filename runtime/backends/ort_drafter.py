@@ -11,8 +11,9 @@ in place); `draft` runs the draft graph with rows [0, P) bound as its context (t
 own K/V never leave the graph, so no scratch rows). B > 1 runs the requests one after
 another, each into its own rows of the shared output array.
 
-With a reduced draft vocabulary the graph scores only its Vd rows of the lm_head; the
-[B, L, V] logits are -inf elsewhere (`runtime.drafter.vocab.DraftHead`'s contract).
+With a reduced draft vocabulary the graph scores only its Vd rows of the lm_head and the
+engine takes each position's top K over those Vd columns (`DraftScores`); `draft` spreads
+them to [B, L, V], -inf elsewhere (`runtime.drafter.vocab.DraftHead`'s contract).
 Graphs land in $CAST_CACHE_DIR/onnx/<identity>/{draft,context}.onnx, the identity hashing
 the target (`onnx_cache.model_identity`), the drafter's config, a strided sample of its
 weights and the graph code.
@@ -34,7 +35,7 @@ from runtime.backends.onnx_cache import export_once, hash_weights, model_identit
 from runtime.backends.token_kv import TokenMajorKV
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
-from runtime.drafter.vocab import DraftHead
+from runtime.drafter.vocab import DraftHead, DraftScores
 from runtime.kv_cache import CacheFullError
 from runtime.model import draft_graphs
 from runtime.model.llama import LlamaTarget
@@ -93,7 +94,7 @@ class OrtDrafter:
         self.num_draft_positions = cfg.num_draft_positions  # L
         self.vocab_size = target.config.vocab_size  # V
         head = DraftHead(weight, drafter.d2t)
-        self.draft_ids = None if head.target_ids is None else head.target_ids.numpy()  # [Vd] target ids
+        self.draft_ids = head.target_ids  # [Vd] target ids (None: the full vocabulary)
         self.draft_vocab = self.vocab_size if self.draft_ids is None else len(self.draft_ids)  # Vd
         options = session_options(threads, spinning)
         start = time.perf_counter()
@@ -133,6 +134,10 @@ class OrtDrafter:
 
     def draft(self, states: Sequence[TokenMajorKV], roots: Sequence[int]) -> torch.Tensor:
         """Logits [B, L, V] of the marginals q_1..q_L of every request's block."""
+        return self.draft_scores(states, roots).full()
+
+    def draft_scores(self, states: Sequence[TokenMajorKV], roots: Sequence[int]) -> DraftScores:
+        """The marginals q_1..q_L of every request's block, over the draft vocabulary [B, L, Vd]."""
         if len(states) != len(roots):
             raise ValueError(f"{len(states)} feature caches but {len(roots)} roots")
         cfg, S, L = self.config, self.config.block_size, self.num_draft_positions
@@ -148,8 +153,4 @@ class OrtDrafter:
                 binding.bind_input(name, "cpu", 0, np.float32, context, buffer.ctypes.data)
             binding.bind_output("logits", "cpu", 0, np.float32, [L, self.draft_vocab], sub[b].ctypes.data)
             self.draft_session.run_with_iobinding(binding)
-        if self.draft_ids is None:
-            return torch.from_numpy(sub)
-        full = np.full((len(roots), L, self.vocab_size), -np.inf, dtype=np.float32)  # [B, L, V]
-        full[..., self.draft_ids] = sub
-        return torch.from_numpy(full)
+        return DraftScores(torch.from_numpy(sub), self.draft_ids, self.vocab_size)

@@ -15,7 +15,7 @@ import torch
 
 from runtime.batch_forward import RaggedCaches, RaggedTreeAttention
 from runtime.drafter.model import DFlashDrafter
-from runtime.drafter.vocab import DraftHead
+from runtime.drafter.vocab import DraftHead, DraftScores
 from runtime.kv_cache import KVCache
 from runtime.model.layers import Rotary
 from runtime.model.llama import LlamaTarget
@@ -57,9 +57,13 @@ class DrafterExecutor:
         positions = torch.arange(state.length, state.length + taps.shape[0], device=self.device)
         self.drafter.append_context(taps, self.rotary(positions, self.dtype), state)
 
-    @torch.inference_mode()
     def draft(self, states: Sequence[KVCache], roots: Sequence[int]) -> torch.Tensor:
         """Logits [B, L, V] of the marginals q_1..q_L of every request's block."""
+        return self.draft_scores(states, roots).full()
+
+    @torch.inference_mode()
+    def draft_scores(self, states: Sequence[KVCache], roots: Sequence[int]) -> DraftScores:
+        """The marginals q_1..q_L of every request's block, over the draft vocabulary [B, L, Vd]."""
         cfg = self.drafter.config
         B, S = len(roots), cfg.block_size
         block = torch.full((B, S), cfg.mask_token_id, dtype=torch.int64, device=self.device)
@@ -69,4 +73,4 @@ class DrafterExecutor:
         prepared = self.backend.prepare_unmasked([S] * B)
         hidden = self.drafter(self.target.embed(block.view(-1)), self.rotary(positions, self.dtype), caches,
                               self.backend, prepared)  # [B*S, H]
-        return self.head(hidden.view(B, S, -1)[:, 1:])  # [B, L, V]
+        return self.head.scores(hidden.view(B, S, -1)[:, 1:])

@@ -76,10 +76,54 @@ class DraftHead:
         """hidden [..., H] -> logits over the draft vocabulary [..., Vd] (training)."""
         return hidden @ self.weight.T
 
+    def scores(self, hidden: torch.Tensor) -> "DraftScores":
+        """hidden [B, L, H] -> the block's marginals over the draft vocabulary."""
+        return DraftScores(self.draft_logits(hidden), self.target_ids, self.vocab_size)
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits over the target vocabulary [..., V], -inf outside it."""
-        sub = self.draft_logits(hidden)
-        if self.target_ids is None:
-            return sub
-        full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.target_ids, sub)
+        return spread(self.draft_logits(hidden), self.target_ids, self.vocab_size)
+
+
+def spread(sub: torch.Tensor, target_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V], -inf elsewhere."""
+    if target_ids is None:
+        return sub
+    full = sub.new_full((*sub.shape[:-1], vocab_size), float("-inf"))
+    return full.index_copy_(-1, target_ids.to(full.device), sub)
+
+
+class DraftScores:
+    """One draft call's marginals q_1..q_L for B requests, over the drafter's own vocabulary.
+
+    logits [B, L, Vd]; target_ids [Vd] the target id of each draft id (None: Vd = V, the
+    target's vocabulary). The tree builder only needs each position's top K, which is
+    taken over the Vd scored rows (log-softmax over Vd equals it over V: the rest are
+    -inf); `full()` spreads them over the target vocabulary for callers that want [B, L, V].
+    """
+
+    def __init__(self, logits: torch.Tensor, target_ids: torch.Tensor | None, vocab_size: int) -> None:
+        if logits.dim() != 3:
+            raise ValueError(f"draft logits must be [B, L, Vd], got shape {tuple(logits.shape)}")
+        if target_ids is not None and target_ids.numel() != logits.shape[-1]:
+            raise ValueError(f"{target_ids.numel()} draft-vocabulary ids for {logits.shape[-1]} logit columns")
+        self.logits, self.target_ids, self.vocab_size = logits, target_ids, vocab_size
+
+    @property
+    def num_positions(self) -> int:
+        return self.logits.shape[1]
+
+    def topk(self, k: int, positions: int | None = None):
+        """Target ids and log-probs of each position's top k: numpy [B, L', k] each, L' = positions or L."""
+        from cast_trtllm.tree import topk_per_position
+
+        B, L, Vd = self.logits.shape
+        L = L if positions is None else min(positions, L)
+        ids, lp = topk_per_position(self.logits[:, :L].reshape(B * L, Vd), k)
+        if self.target_ids is not None:
+            ids = self.target_ids.to(ids.device)[ids]
+        return ids.cpu().numpy().reshape(B, L, k), lp.cpu().numpy().reshape(B, L, k)
+
+    def full(self) -> torch.Tensor:
+        """Logits over the target vocabulary [B, L, V], -inf outside the draft vocabulary."""
+        return spread(self.logits, self.target_ids, self.vocab_size)

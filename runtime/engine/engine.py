@@ -29,7 +29,8 @@ from cast_trtllm.verify import Acceptance, greedy_walk, stochastic_walk
 from runtime.drafter.executor import DrafterExecutor
 from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
-from runtime.engine.trees import WidthSource, choose_trees, expected_committed, topk
+from runtime.drafter.vocab import DraftScores
+from runtime.engine.trees import WidthSource, choose_trees, expected_committed
 from runtime.model.llama import LlamaTarget
 from runtime.result import GenerationResult, Stopwatch
 from runtime.stopping import StopChecker
@@ -137,25 +138,24 @@ class LLMEngine:
         batch, clock = self.active, self.clock
         t0 = clock.now()
         drafting = self._drafts(batch)
-        draft_logits = None
+        scores = None
         if drafting:
             for s in drafting:
                 if s.pending_taps:
                     self.drafter.append_context(s.draft_state, torch.cat(s.pending_taps))
                     s.pending_taps = []
-            draft_logits = self.drafter.draft([s.draft_state for s in drafting], [s.root for s in drafting])
-            draft_logits = draft_logits[:, : self.spec.draft_positions(draft_logits.shape[1])]  # [B', L, V]
+            scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
         t1 = clock.now()
-        trees, row_logits, masses = self._trees(batch, drafting, draft_logits)
+        trees, drafted, masses = self._trees(batch, drafting, scores)
         packs = [np.concatenate([[s.root], t.tokens]).astype(np.int64) for s, t in zip(batch, trees)]
         t2 = clock.now()
         logits, taps = self.target.verify([s.target for s in batch], packs, trees)
         t3 = clock.now()
         finished, row = [], 0
-        for seq, tree, dl in zip(batch, trees, row_logits):
+        for seq, tree, was_drafted in zip(batch, trees, drafted):
             rows = slice(row, row + tree.num_packed)
             row += tree.num_packed
-            self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], dl)
+            self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], was_drafted)
             if seq.done:
                 finished.append(seq)
         t4 = clock.now()
@@ -163,12 +163,20 @@ class LLMEngine:
         self.active = [s for s in batch if not s.done]
         return finished
 
-    def _trees(self, batch: list[Sequence], drafting: list[Sequence], draft_logits: torch.Tensor | None):
-        """Per request: its tree (empty when not drafting), draft logits and auto's masses."""
-        trees, row_logits, masses = [Tree.empty()] * len(batch), [None] * len(batch), [None] * len(batch)
-        if draft_logits is None:
-            return trees, row_logits, masses
-        ids, lp = topk(draft_logits, self.spec.rank_cap)
+    def _draft(self, states: list, roots: list[int]) -> DraftScores:
+        """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's
+        logits (top K taken over Vd columns); otherwise `draft`'s [B, L, V] logits."""
+        if hasattr(self.drafter, "draft_scores"):
+            return self.drafter.draft_scores(states, roots)
+        logits = self.drafter.draft(states, roots)
+        return DraftScores(logits, None, logits.shape[-1])
+
+    def _trees(self, batch: list[Sequence], drafting: list[Sequence], scores: DraftScores | None):
+        """Per request: its tree (empty when not drafting), whether it drafted, and auto's masses."""
+        trees, drafted, masses = [Tree.empty()] * len(batch), [False] * len(batch), [None] * len(batch)
+        if scores is None:
+            return trees, drafted, masses
+        ids, lp = scores.topk(self.spec.rank_cap, self.spec.draft_positions(scores.num_positions))  # [B', L, K]
         chosen, chosen_masses = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
                                              [self.target.prefix_len(s.target) for s in drafting], ids, lp,
                                              self.spec, self.width, [s.acceptance_scale for s in drafting])
@@ -176,11 +184,11 @@ class LLMEngine:
         for b, seq in enumerate(batch):
             if id(seq) in index:
                 j = index[id(seq)]
-                trees[b], row_logits[b], masses[b] = chosen[j], draft_logits[j], chosen_masses[j]
-        return trees, row_logits, masses
+                trees[b], drafted[b], masses[b] = chosen[j], True, chosen_masses[j]
+        return trees, drafted, masses
 
-    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft_logits: torch.Tensor | None) -> Acceptance:
-        """Accept a path of the verified tree. logits: [n, V]; draft_logits: [L, V] or None."""
+    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor) -> Acceptance:
+        """Accept a path of the verified tree (its nodes carry the drafter's q). logits: [n, V]."""
         params = seq.request.sampling
         if params.greedy:
             return greedy_walk(tree, logits.argmax(dim=-1))
@@ -190,16 +198,16 @@ class LLMEngine:
         return stochastic_walk(tree, logits, params, seq.generator)
 
     def _commit(self, seq: Sequence, tree: Tree, logits: torch.Tensor, taps: torch.Tensor | None,
-                draft_logits: torch.Tensor | None) -> None:
+                drafted: bool) -> None:
         """Walk one verified pack and commit it. logits: [n, V]; taps: [n, F]."""
-        acc = self._walk(seq, tree, logits, draft_logits)
+        acc = self._walk(seq, tree, logits)
         keep, seq.finish_reason = seq.stop.check(seq.tokens, acc.committed.tolist())
         kept_rows = np.concatenate([[0], acc.path[: min(keep, acc.num_accepted)]]).astype(np.int64)
         self.target.commit(seq.target, kept_rows)
         seq.tokens += acc.committed[:keep].tolist()
         seq.accept_lengths.append(keep)
         seq.budgets.append(tree.size)
-        seq.drafted.append(draft_logits is not None)
+        seq.drafted.append(drafted)
         if not seq.done:
             seq.root = acc.next_root
             if taps is not None and seq.method != "ar":

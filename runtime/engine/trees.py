@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from cast_trtllm.spec_config import AUTO, SpecConfig
-from cast_trtllm.tree import Tree, allocate_shared_budget, build_chain, build_tree, sorted_prefix_masses, topk_per_position
+from cast_trtllm.tree import Tree, allocate_shared_budget, build_chain, build_tree, sorted_prefix_masses
 
 
 class WidthChooser(Protocol):
@@ -28,13 +27,6 @@ class WidthChooser(Protocol):
 
 
 WidthSource = Callable[[int], WidthChooser]  # prefix length -> the rule for that prefix bucket
-
-
-def topk(draft_logits: torch.Tensor, rank_cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """draft_logits [B, L, V] -> top-K ids and log-probs, numpy [B, L, K]."""
-    B, L, V = draft_logits.shape
-    ids, lp = topk_per_position(draft_logits.reshape(-1, V), rank_cap)
-    return ids.cpu().numpy().reshape(B, L, -1), lp.cpu().numpy().reshape(B, L, -1)
 
 
 def choose_trees(

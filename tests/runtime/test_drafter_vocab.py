@@ -1,15 +1,17 @@
 """Reduced draft vocabulary: frequency map, EAGLE-3 `d2t` offsets, checkpoint round trip,
 validation, and decoding with such a head stays lossless."""
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from cast_trtllm.spec_config import SpecConfig
+from cast_trtllm.tree import topk_per_position
 from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter, with_draft_vocab
 from runtime.engine import LLMEngine, Request
 from runtime.drafter.config import WEIGHTS_NAME
-from runtime.drafter.vocab import DraftHead, coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
+from runtime.drafter.vocab import DraftHead, DraftScores, coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
 from runtime.target import TargetExecutor
 
 from tests.runtime.doubles import tiny_target
@@ -83,3 +85,22 @@ def test_greedy_decoding_with_a_reduced_vocab_head_equals_ar(model):
     ar = LLMEngine(model, None, spec=SpecConfig(method="ar")).generate([Request([4, 5, 6], 30)])[0].token_ids
     for method, budget in (("chain", None), ("cast", 15)):
         assert engine.generate([Request([4, 5, 6], 30, method=method, budget=budget)])[0].token_ids == ar
+
+
+def test_draft_scores_topk_over_the_draft_vocabulary_equals_topk_over_the_spread_logits():
+    """The engine's fast path (top K over Vd columns, ids mapped to target ids) must
+    give exactly the tree inputs the [B, L, V] contract gives."""
+    gen = torch.Generator().manual_seed(3)
+    V, Vd = 400, 90
+    target_ids = torch.randperm(V, generator=gen)[:Vd].sort().values
+    scores = DraftScores(torch.randn(2, 5, Vd, generator=gen), target_ids, V)
+    full = scores.full()  # [2, 5, V]
+    assert full.shape == (2, 5, V) and torch.isinf(full).sum() == 2 * 5 * (V - Vd)
+    ids, lp = scores.topk(8, positions=4)
+    assert ids.shape == lp.shape == (2, 4, 8)
+    for b in range(2):
+        want_ids, want_lp = topk_per_position(full[b, :4], 8)
+        np.testing.assert_array_equal(ids[b], want_ids.numpy())
+        np.testing.assert_allclose(lp[b], want_lp.numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="draft-vocabulary ids"):
+        DraftScores(torch.randn(1, 5, Vd + 1), target_ids, V)
