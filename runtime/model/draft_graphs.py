@@ -70,10 +70,11 @@ class DraftGraph(nn.Module):
             x = layer.input_layernorm(h)
             q = attn.q_norm(attn.q_proj(x).view(n, cfg.num_attention_heads, cfg.head_dim))
             k = attn.k_norm(attn.k_proj(x).view(n, cfg.num_key_value_heads, cfg.head_dim))
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin, cfg.head_dim // 2), apply_rope(k, cos, sin, cfg.head_dim // 2)
             v = attn.v_proj(x).view(n, cfg.num_key_value_heads, cfg.head_dim)
             ctx_k, ctx_v = context_keys.select(self.kv_axis, i), context_values.select(self.kv_axis, i)  # [m, Hkv, d]
-            out = gqa_attention(q, torch.cat([ctx_k, k]), torch.cat([ctx_v, v]), None, self.scale)  # no mask
+            out = gqa_attention(q, torch.cat([ctx_k, k]), torch.cat([ctx_v, v]), None, self.scale,  # no mask
+                                (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim))
             h = h + attn.o_proj(out.reshape(n, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         hidden = self.drafter.norm(h[1:])  # slot 0 is the root: drop it

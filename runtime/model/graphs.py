@@ -66,21 +66,27 @@ def gqa_attention(
     q: torch.Tensor,  # [n, Hq, d]
     keys: torch.Tensor,  # [S, Hkv, d]
     values: torch.Tensor,  # [S, Hkv, d]
-    mask: torch.Tensor | None,  # [n, S] additive, or None (all visible)
+    mask: torch.Tensor | None,  # [G*n, S] additive, rows grouped as `group_rows` makes them; None: all visible
     scale: float,
+    heads: tuple[int, int, int],  # (Hq, Hkv, d) as Python ints
 ) -> torch.Tensor:  # [n, Hq, d]
-    """Softmax attention in plain MatMul/Softmax ops; query head h reads kv head h // G."""
-    n, num_q_heads, d = q.shape
-    num_kv_heads = keys.shape[1]
-    group = num_q_heads // num_kv_heads
-    qg = q.permute(1, 0, 2).reshape(num_kv_heads, group * n, d)  # [Hkv, G*n, d]
+    """Softmax attention in plain MatMul/Softmax ops; query head h reads kv head h // G.
+
+    No shape is read off a tensor: every reshape is constants and -1, so the exported graph
+    carries no Shape/Gather/Concat chains per layer."""
+    num_q_heads, num_kv_heads, d = heads
+    qg = q.permute(1, 0, 2).reshape(num_kv_heads, -1, d)  # [Hkv, G*n, d]: row g*n + i
     scores = torch.matmul(qg, keys.permute(1, 2, 0)) * scale  # [Hkv, G*n, S]
-    scores = scores.reshape(num_kv_heads, group, n, -1).float()
     if mask is not None:
-        scores = scores + mask.float()
-    probs = torch.softmax(scores, dim=-1).to(q.dtype).reshape(num_kv_heads, group * n, -1)
+        scores = scores.float() + mask.float()
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     out = torch.matmul(probs, values.permute(1, 0, 2))  # [Hkv, G*n, d]
-    return out.reshape(num_q_heads, n, d).permute(1, 0, 2)
+    return out.reshape(num_q_heads, -1, d).permute(1, 0, 2)
+
+
+def group_rows(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """mask [n, S] -> [G*n, S]: the rows of `gqa_attention`'s grouped queries (built once per pass)."""
+    return mask.repeat(group, 1)
 
 
 class _TreeAttentionNode(torch.autograd.Function):
@@ -143,7 +149,8 @@ class VerifyGraph(nn.Module):
         self.target, self.flavour, self.tap_layer_ids = target, flavour, tuple(tap_layer_ids)
         self.kv_axis = 0 if kv_layout == "layer" else 1  # axis of `layers` in past/new K/V
         self.logit_rows, self.shared_head = logit_rows, shared_head
-        self.scale = target.config.head_dim ** -0.5
+        cfg = target.config
+        self.scale, self.heads = cfg.head_dim ** -0.5, (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -156,7 +163,8 @@ class VerifyGraph(nn.Module):
 
     def _attention(self, q, k_new, v_new, past_k, past_v, bitmask, mask) -> torch.Tensor:
         if self.flavour == "onnx":
-            return gqa_attention(q, torch.cat([past_k, k_new]), torch.cat([past_v, v_new]), mask, self.scale)
+            return gqa_attention(q, torch.cat([past_k, k_new]), torch.cat([past_v, v_new]), mask, self.scale,
+                                 self.heads)
         return _TreeAttentionNode.apply(
             q, past_k, past_v, k_new, v_new, bitmask, _one_request_offsets(q), _one_request_offsets(past_k), self.scale
         )
@@ -164,23 +172,24 @@ class VerifyGraph(nn.Module):
     def forward(self, input_ids, position_ids, bitmask, past_keys, past_values, logit_rows=None):
         target, cfg, axis = self.target, self.target.config, self.kv_axis
         h = target.embed_tokens(input_ids)  # [n, H]
-        n = h.shape[0]
         cos, sin = rope_rows(target.rotary, position_ids, h.dtype)
         past_rows = past_keys.select(axis, 0)  # [P, Hkv, d]: gives P inside the graph
-        mask = bitmask_to_additive(bitmask, past_rows, h.dtype) if self.flavour == "onnx" else None
+        mask = None
+        if self.flavour == "onnx":
+            mask = group_rows(bitmask_to_additive(bitmask, past_rows, h.dtype), cfg.num_heads // cfg.num_kv_heads)
         new_keys, new_values, taps = [], [], {}
         for i, layer in enumerate(target.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
-            k = attn.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
-            v = attn.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+            q = attn.q_proj(x).view(-1, cfg.num_heads, cfg.head_dim)
+            k = attn.k_proj(x).view(-1, cfg.num_kv_heads, cfg.head_dim)
+            v = attn.v_proj(x).view(-1, cfg.num_kv_heads, cfg.head_dim)
             if attn.q_norm is not None:
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin, cfg.head_dim // 2), apply_rope(k, cos, sin, cfg.head_dim // 2)
             past_k, past_v = past_keys.select(axis, i), past_values.select(axis, i)  # [P, Hkv, d]
             out = self._attention(q, k, v, past_k, past_v, bitmask, mask)  # [n, Hq, d]
-            h = h + attn.o_proj(out.reshape(n, -1))
+            h = h + attn.o_proj(out.reshape(-1, cfg.num_heads * cfg.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             new_keys.append(k)
             new_values.append(v)

@@ -100,9 +100,10 @@ def rope_inv_freq(head_dim: int, rope_theta: float, scaling: RopeScaling = ()) -
     raise ValueError(f"RoPE scaling type {rope_type!r} is not supported here (supported: {supported})")
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, n, d]; cos, sin: [n, d]. Rotates the two halves of each head."""
-    half = x.shape[-1] // 2
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int | None = None) -> torch.Tensor:
+    """x: [heads, n, d]; cos, sin: [n, d]. Rotates the two halves of each head.
+    `half` = d // 2 as a Python int keeps an exported graph free of shape arithmetic."""
+    half = x.shape[-1] // 2 if half is None else half
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
