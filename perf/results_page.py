@@ -20,6 +20,7 @@ import click
 
 from cast_trtllm.sampling import SamplingParams
 from perf.datasets import load_dataset
+from perf.ceiling import ceiling_rows, ceiling_table, read_reports
 from perf.harness import parse_methods, run_bench
 from perf.plots import plot_accept_histograms, save_figure
 from perf.report import build_report, format_table
@@ -60,6 +61,9 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
                      f"| {_cell(r['auto_ms'], '.1f')} | {_cell(r['auto_vs_fastest_ar'], '.2f', 'x')} "
                      f"| {_cell(None if r['auto_vs_chain'] is None else 100 * r['auto_vs_chain'], '+.1f', '%')} "
                      f"| {r['best_fixed']} | {_cell(r['auto_vs_best_fixed_pp'], '+.1f', ' pp')} |")
+    ratios = [r["auto_vs_fastest_ar"] for r in rows if r["auto_vs_fastest_ar"] is not None]
+    if ratios:
+        lines.append(f"| **mean** | | | {sum(ratios) / len(ratios):.2f}x | | | |")
     return "\n".join(lines)
 
 
@@ -103,6 +107,14 @@ def write_page(out: Path, reports: dict[str, dict], command: str) -> Path:
         "",
         "![speedup over the fastest AR](speedup_cpu.png)",
         "",
+        "## What this machine allows",
+        "",
+        "The most any width rule, gate or faster drafter could reach here: each fixed N's measured R(N) over its "
+        "verify time alone (`perf/ceiling.py`; best N shown). Below a goal, the goal needs a drafter with higher R "
+        "or a flatter verify curve, not more tuning.",
+        "",
+        ceiling_table(ceiling_rows(reports)),
+        "",
         "Columns below: decode ms/token t, tokens/s, speedup t_AR / t (AR = the default configuration), gain "
         "t_chain / t - 1, mean committed round length R, mean tree size N, TTFT, and the share of decode time "
         "in draft / verify / overhead. `ar@VARIANT` rows are AR on another backend / dtype / thread count.",
@@ -132,13 +144,23 @@ def write_page(out: Path, reports: dict[str, dict], command: str) -> Path:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Evaluation data directory.")
 @click.option("--out", type=click.Path(file_okay=False), default="perf/results", show_default=True,
               help="Output directory.")
+@click.option("--render-only", is_flag=True, help="Rewrite the page and plots from <out>'s bench_*.json; run nothing.")
 @model_options
 @spec_options
-def main(methods, domains, num_prompts, max_new_tokens, temperature, seed, data_dir, out, **options) -> None:
+def main(methods, domains, num_prompts, max_new_tokens, temperature, seed, data_dir, out, render_only,
+         **options) -> None:
     """Run every domain through the bench harness and write the results page."""
     from perf.session import load_session
 
     out = Path(out)
+    if render_only:
+        found = read_reports(out)
+        reports = {d: found[d] for d in DOMAINS if d in found} | found  # the usual domain order first
+        s = next(iter(reports.values()))["settings"]
+        command = (f"python -m perf.results_page --num-prompts {s['num_prompts']} --max-new-tokens "
+                   f"{s['max_new_tokens']} --methods {','.join(s['methods'])} --out {shlex.quote(str(out))}")
+        _finish(out, reports, command)
+        return
     out.mkdir(parents=True, exist_ok=True)
     specs = parse_methods(methods)
     session = load_session(engine_options(**options), ignore_eos=True)
@@ -155,9 +177,14 @@ def main(methods, domains, num_prompts, max_new_tokens, temperature, seed, data_
                                 for s in specs if s.method != "ar"}, out / f"accept_hist_{domain}.png")
         reports[domain] = rep
         click.echo(f"\n{domain}\n{format_table(rep['summary'])}")
+    _finish(out, reports, "python -m perf.results_page " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+
+
+def _finish(out: Path, reports: dict[str, dict], command: str) -> None:
+    """Speedup plot, headline and ceiling JSON, the page."""
     plot_speedups(reports, out / "speedup_cpu.png")
     (out / "headline_cpu.json").write_text(json.dumps(headline(reports), indent=2) + "\n")
-    command = "python -m perf.results_page " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    (out / "ceiling_cpu.json").write_text(json.dumps(ceiling_rows(reports), indent=2) + "\n")
     click.echo(f"\n{headline_table(headline(reports))}\nwrote {write_page(out, reports, command)}")
 
 
