@@ -81,7 +81,7 @@ class DraftGate:
     """
 
     alpha: float = 0.2         # EWMA weight of the newest round
-    probe_every: int = 16      # rounds between tries of the arm not being played
+    probe_every: int = 4       # rounds between tries of the arm not being played
     prior_tokens: float = 2.0  # pseudo-count of the realized / predicted correction
     costs: RoundCosts | None = None  # price both arms from this table (else: wall-clock EWMA)
     min_drafted: int = 4  # with costs: drafted rounds before the gate may turn drafting off (the

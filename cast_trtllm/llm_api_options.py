@@ -15,7 +15,7 @@ TensorRT-LLM's own DFlash block is accepted unchanged and means the DFlash chain
       max_concurrency: 32            # -> SpecConfig.max_concurrency (no drafting above it)
 
 `decoding_type: CAST` adds this project's fields: budget (N | auto), rank_cap,
-width_profile, width_rule, draft_gate, max_request_width. Every mapping (or why a field
+width_profile, width_rule, draft_gate, gate_probe_every, max_request_width. Every mapping (or why a field
 is ignored) is returned as a note for the command to print on stderr. Other top-level
 keys are TensorRT-LLM engine options this runtime does not use: reported, not rejected.
 """
@@ -30,7 +30,8 @@ from cast_trtllm.spec_config import SpecConfig
 
 DECODING_TYPES = {"CAST": "cast", "DFlash": "chain"}  # decoding_type -> method
 _MAPPED = {"max_draft_len": "max_draft_len", "max_concurrency": "max_concurrency"}
-_CAST_FIELDS = ("budget", "rank_cap", "width_profile", "width_rule", "draft_gate", "max_request_width")
+_CAST_FIELDS = ("budget", "rank_cap", "width_profile", "width_rule", "draft_gate", "gate_probe_every",
+                "max_request_width")
 _CHECKED = ("mask_token_id", "target_layer_ids")
 _IGNORED = {
     "acceptance_rate_threshold": "the draft gate turns drafting off per request when measured tokens/ms "

@@ -40,7 +40,9 @@ class SpecConfig:
     width_profile: str | None = None  # verify-cost table for auto (the prior of the online cost model)
     width_rule: str = "table"  # auto: table rule over measured buckets, or Theorem 2's marginal rule
     draft_gate: bool = True  # auto: skip drafting in rounds where AR measures faster
-    gate_probe_every: int = 16  # rounds between tries of the other arm of the draft gate
+    # rounds between tries of the other arm of the draft gate (16 left code prompts undrafted
+    # for too long: perf/results/gate_probe_cpu.md)
+    gate_probe_every: int = 4
     max_request_width: int = 64  # auto under load: most nodes one request takes from the shared budget
     max_concurrency: int | None = None  # above this many live requests, rounds do not draft (TensorRT-LLM's field)
 
