@@ -40,5 +40,6 @@ def test_ceiling_is_the_fastest_ar_over_the_verify_time_per_token_of_the_best_fi
     assert row["ceiling_draft_free"] == pytest.approx(30.0 / (25.0 * 0.65))
     assert row["measured_auto"] == pytest.approx(1.25)
     assert "| gsm8k | 30.0 | 3 | 2.00 | 2.00x | 1.85x | 1.25x |" in ceiling_table([row])
+    assert ceiling_rows({"mbpp": {"summary": summary[2:]}}) == []  # no AR run: nothing to compare with
     with pytest.raises(click.UsageError, match="no bench_<domain>.json"):
         read_reports(tmp_path / "missing")
