@@ -55,9 +55,10 @@ class RelaxedEngine(LLMEngine):
     rule: RelaxedRule | None = None
     rounds: list[_Round]
 
-    def _walk(self, seq, tree, logits, draft_logits):
+    def _walk(self, seq, tree, logits, draft):
         if self.rule is None or tree.size == 0:
-            return super()._walk(seq, tree, logits, draft_logits)
+            return super()._walk(seq, tree, logits, draft)
+        draft_logits = draft.full()[0]  # [L, V]
         acc = relaxed_walk(tree, logits, draft_logits, seq.request.sampling, self.rule, seq.generator)
         self.rounds.append(_Round(tree, logits, draft_logits, np.concatenate([[0], acc.path])))
         return acc

@@ -113,6 +113,10 @@ class DraftScores:
     def num_positions(self) -> int:
         return self.logits.shape[1]
 
+    def row(self, b: int) -> "DraftScores":
+        """Request b's marginals alone (a view, B = 1)."""
+        return DraftScores(self.logits[b: b + 1], self.target_ids, self.vocab_size)
+
     def topk(self, k: int, positions: int | None = None):
         """Target ids and log-probs of each position's top k: numpy [B, L', k] each, L' = positions or L."""
         from cast_trtllm.tree import topk_per_position

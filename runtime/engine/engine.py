@@ -146,16 +146,16 @@ class LLMEngine:
                     s.pending_taps = []
             scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
         t1 = clock.now()
-        trees, drafted, masses = self._trees(batch, drafting, scores)
+        trees, drafts, masses = self._trees(batch, drafting, scores)
         packs = [np.concatenate([[s.root], t.tokens]).astype(np.int64) for s, t in zip(batch, trees)]
         t2 = clock.now()
         logits, taps = self.target.verify([s.target for s in batch], packs, trees)
         t3 = clock.now()
         finished, row = [], 0
-        for seq, tree, was_drafted in zip(batch, trees, drafted):
+        for seq, tree, draft in zip(batch, trees, drafts):
             rows = slice(row, row + tree.num_packed)
             row += tree.num_packed
-            self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], was_drafted)
+            self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], draft)
             if seq.done:
                 finished.append(seq)
         t4 = clock.now()
@@ -172,10 +172,10 @@ class LLMEngine:
         return DraftScores(logits, None, logits.shape[-1])
 
     def _trees(self, batch: list[Sequence], drafting: list[Sequence], scores: DraftScores | None):
-        """Per request: its tree (empty when not drafting), whether it drafted, and auto's masses."""
-        trees, drafted, masses = [Tree.empty()] * len(batch), [False] * len(batch), [None] * len(batch)
+        """Per request: its tree (empty when not drafting), its draft (None: undrafted) and auto's masses."""
+        trees, drafts, masses = [Tree.empty()] * len(batch), [None] * len(batch), [None] * len(batch)
         if scores is None:
-            return trees, drafted, masses
+            return trees, drafts, masses
         ids, lp = scores.topk(self.spec.rank_cap, self.spec.draft_positions(scores.num_positions))  # [B', L, K]
         chosen, chosen_masses = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
                                              [self.target.prefix_len(s.target) for s in drafting], ids, lp,
@@ -184,11 +184,12 @@ class LLMEngine:
         for b, seq in enumerate(batch):
             if id(seq) in index:
                 j = index[id(seq)]
-                trees[b], drafted[b], masses[b] = chosen[j], True, chosen_masses[j]
-        return trees, drafted, masses
+                trees[b], drafts[b], masses[b] = chosen[j], scores.row(j), chosen_masses[j]
+        return trees, drafts, masses
 
-    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor) -> Acceptance:
-        """Accept a path of the verified tree (its nodes carry the drafter's q). logits: [n, V]."""
+    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft: DraftScores | None) -> Acceptance:
+        """Accept a path of the verified tree. logits: [n, V]; draft: this request's block
+        marginals (the lossless walk reads q off the tree's nodes; other rules may need it)."""
         params = seq.request.sampling
         if params.greedy:
             return greedy_walk(tree, logits.argmax(dim=-1))
@@ -198,16 +199,16 @@ class LLMEngine:
         return stochastic_walk(tree, logits, params, seq.generator)
 
     def _commit(self, seq: Sequence, tree: Tree, logits: torch.Tensor, taps: torch.Tensor | None,
-                drafted: bool) -> None:
+                draft: DraftScores | None) -> None:
         """Walk one verified pack and commit it. logits: [n, V]; taps: [n, F]."""
-        acc = self._walk(seq, tree, logits)
+        acc = self._walk(seq, tree, logits, draft)
         keep, seq.finish_reason = seq.stop.check(seq.tokens, acc.committed.tolist())
         kept_rows = np.concatenate([[0], acc.path[: min(keep, acc.num_accepted)]]).astype(np.int64)
         self.target.commit(seq.target, kept_rows)
         seq.tokens += acc.committed[:keep].tolist()
         seq.accept_lengths.append(keep)
         seq.budgets.append(tree.size)
-        seq.drafted.append(drafted)
+        seq.drafted.append(draft is not None)
         if not seq.done:
             seq.root = acc.next_root
             if taps is not None and seq.method != "ar":

@@ -51,14 +51,14 @@ def test_decode_window_excludes_a_deliberately_slow_prefill(session, slow_down, 
 
 
 def test_decode_window_excludes_the_first_draft_but_counts_later_drafts(session, slow_down):
-    slow_down(DrafterExecutor, "draft", first_only=True)
+    slow_down(DrafterExecutor, "draft_scores", first_only=True)
     result, _ = session([1, 2, 3, 4], MethodSpec("cast", 5), 6, SamplingParams(0.0))
     assert result.timings.first_draft_ms >= HOUR_MS
     assert result.timings.decode_ms < HOUR_MS / 10
 
 
 def test_drafts_inside_the_window_are_counted(session, slow_down):
-    slow_down(DrafterExecutor, "draft")
+    slow_down(DrafterExecutor, "draft_scores")
     result, _ = session([1, 2, 3, 4], MethodSpec("chain"), 6, SamplingParams(0.0))
     later_drafts = result.num_rounds - 1  # the last round stops before drafting again
     assert result.timings.draft_ms >= later_drafts * HOUR_MS > 0
