@@ -65,11 +65,13 @@ def ceiling_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['domain']} | {r['fastest_ar_ms']:.1f} | {r['best_N']} | {r['R_at_best_N']:.2f} "
                      f"| {r['ceiling_draft_and_host_free']:.2f}x | {r['ceiling_draft_free']:.2f}x | {auto} |")
     if rows:
-        mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
-        autos = [r["measured_auto"] for r in rows if r["measured_auto"] is not None]
-        lines.append(f"| **mean** | | | | {mean('ceiling_draft_and_host_free'):.2f}x | {mean('ceiling_draft_free'):.2f}x "
-                     f"| {sum(autos) / len(autos):.2f}x |" if autos else "")
-    return "\n".join(line for line in lines if line)
+        def mean(values: list) -> str:
+            values = [v for v in values if v is not None]
+            return f"{sum(values) / len(values):.2f}x" if values else "-"
+
+        lines.append(f"| **mean** | | | | {mean([r['ceiling_draft_and_host_free'] for r in rows])} "
+                     f"| {mean([r['ceiling_draft_free'] for r in rows])} | {mean([r['measured_auto'] for r in rows])} |")
+    return "\n".join(lines)
 
 
 def read_reports(folder: Path) -> dict[str, dict]:

@@ -76,10 +76,10 @@ def gqa_attention(
     carries no Shape/Gather/Concat chains per layer."""
     num_q_heads, num_kv_heads, d = heads
     qg = q.permute(1, 0, 2).reshape(num_kv_heads, -1, d)  # [Hkv, G*n, d]: row g*n + i
-    scores = torch.matmul(qg, keys.permute(1, 2, 0)) * scale  # [Hkv, G*n, S]
+    scores = (torch.matmul(qg, keys.permute(1, 2, 0)) * scale).float()  # [Hkv, G*n, S]
     if mask is not None:
-        scores = scores.float() + mask.float()
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
     out = torch.matmul(probs, values.permute(1, 0, 2))  # [Hkv, G*n, d]
     return out.reshape(num_q_heads, -1, d).permute(1, 0, 2)
 
