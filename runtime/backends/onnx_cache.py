@@ -1,14 +1,14 @@
 """Export-once cache of a target's verify graph for the onnxruntime backend.
 
-The graph is the runtime's `VerifyGraph` with token-major K/V (`kv_layout="token"`), a
-dynamic bitmask word count (prefills are chains of any length) and a `logit_rows` input
-(a prefill scores its last row only), and a tied lm_head stored as its own transposed
-copy (faster on onnxruntime's CPU GEMM; see `graphs.lm_head`). It lands in
+The graph is `runtime.model.batch_graph.BatchVerifyGraph`: one pass over every live
+request's pack or prompt, K/V read in place from the backend's slot pool, a tied lm_head
+stored as its own transposed copy (faster on onnxruntime's CPU GEMM; see
+`graphs.lm_head`). It lands in
 
     $CAST_CACHE_DIR/onnx/<model identity>/verify.onnx   (default ~/.cache/cast-trtllm)
 
 where the identity hashes the target's config, the tapped layers, the graph code
-(`runtime/model/graphs.py`) and a strided sample of every weight tensor: another model,
+(`runtime/model/graphs.py`, `runtime/model/batch_graph.py`) and a strided sample of every weight tensor: another model,
 another tap set or an edited graph exports anew; the same model is reused at once.
 """
 
@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from runtime.model import graphs
+from runtime.model import batch_graph, graphs
 from runtime.model.llama import LlamaTarget
 
 GRAPH_FILE = "verify.onnx"
@@ -87,7 +87,7 @@ def model_identity(model: LlamaTarget, tap_layer_ids: Sequence[int]) -> str:
     """16 hex digits naming (config, taps, graph code, weights) without reading every byte."""
     digest = hashlib.sha256()
     digest.update(repr((model.config, tuple(tap_layer_ids))).encode())
-    digest.update(inspect.getsource(graphs).encode())
+    digest.update(inspect.getsource(graphs).encode() + inspect.getsource(batch_graph).encode())
     digest.update(model.rotary.inv_freq.cpu().numpy().tobytes() + repr(model.rotary.attention_scaling).encode())
     hash_weights(digest, model)
     return digest.hexdigest()[:16]
@@ -98,8 +98,6 @@ def verify_graph_path(model: LlamaTarget, tap_layer_ids: Sequence[int], cache_di
     folder = onnx_root(cache_dir) / model_identity(model, tap_layer_ids)
 
     def write(scratch: Path) -> None:
-        graph = graphs.VerifyGraph(model, "onnx", tap_layer_ids, kv_layout="token", logit_rows=True,
-                                   shared_head=False)
-        graphs.export_verify_graph(graph, scratch / GRAPH_FILE, mask_words=None)
+        batch_graph.export_batch_verify_graph(batch_graph.BatchVerifyGraph(model, tap_layer_ids), scratch / GRAPH_FILE)
 
     return export_once(folder, (GRAPH_FILE,), f"the verify graph ({model.config.num_layers} layers)", write)[0]

@@ -1,20 +1,14 @@
 """The target on onnxruntime (CPU, fp32): the `TargetBackend` contract over the exported
-verify graph (`runtime.backends.onnx_cache`), the KV cache kept in place.
+batched verify graph (`runtime.model.batch_graph`), K/V kept in place in one slot pool.
 
     OrtTarget(models.target, drafter.tap_layer_ids, threads=2)   # exported on first use
 
-Cache: per request one token-major K and one V buffer [capacity, layers, Hkv, d] (numpy,
-fp32), so the committed prefix x = rows [0, P) and the pending rows [P, P+n) are both
-contiguous. Every pass binds (onnxruntime I/O binding, no copies):
-  past_keys/past_values  <- rows [0, P) of the buffers,
-  new_keys/new_values    -> rows [P, P+n) of the same buffers (the graph writes them there),
-  logits, taps           -> row slices of this call's output arrays.
-`commit` then gathers the kept pending rows to [P, P+m) (the same gather as
-`KVCache.compact`); nothing is reallocated per round.
-
-Prefill runs the same graph over the prompt as a chain (causal bitmask) and scores its
-last row only (`logit_rows`). A ragged batch (B > 1) runs the requests' packs one after
-another, each into its own rows of the shared output arrays.
+Cache: one `SlotPool` for every request ([slots, Hkv, C, d] per layer); a request is a
+`Slot`. `verify` runs ONE graph pass over every request's pack, binding the pool's
+per-layer arrays over the batch's slot range as inputs (no copy of any prefix); the
+pack's new K/V rows come back as outputs and `commit` gathers the kept ones into the
+slot at [P, P+m). Prefill is the same graph over the prompt as a causal chain, scoring
+its last row only (`logit_rows`).
 """
 
 from __future__ import annotations
@@ -27,16 +21,35 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from cast_trtllm.masks import bitmask, position_ids
+from cast_trtllm.masks import ancestor_matrix, position_ids
 from cast_trtllm.tree import Tree
 from runtime.backends.onnx_cache import session_options, verify_graph_path
-from runtime.backends.token_kv import TokenMajorKV
+from runtime.backends.slot_pool import MASKED, Slot, SlotPool
+from runtime.model.batch_graph import pool_input_names
 from runtime.model.llama import LlamaTarget
 from runtime.model.tree_attention_backend import causal_chain
 
 
+def pack_inputs(slots: Sequence[Slot], masks: Sequence[np.ndarray], lo: int, hi: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """gather_rows [S, n], scatter_rows [T], pack_mask [S, n, n] of a flattened batch whose
+    request b (slot `slots[b]`) has the [n_b, n_b] visibility matrix `masks[b]`."""
+    sizes = [len(m) for m in masks]
+    n, offsets = max(sizes), np.cumsum([0] + sizes)
+    gather = np.zeros((hi - lo, n), dtype=np.int64)
+    scatter = np.empty(offsets[-1], dtype=np.int64)
+    pack = np.full((hi - lo, n, n), MASKED, dtype=np.float32)
+    for slot, mask, size, row in zip(slots, masks, sizes, offsets):
+        s = slot.index - lo
+        gather[s, :size] = np.arange(row, row + size)
+        gather[s, size:] = row
+        scatter[row:row + size] = s * n + np.arange(size)
+        pack[s, :size, :size] = np.where(mask, 0.0, MASKED)
+    return gather, scatter, pack
+
+
 class OrtTarget:
-    """The target's verify graph on onnxruntime's CPU execution provider, fp32.
+    """The target's batched verify graph on onnxruntime's CPU execution provider, fp32.
 
     model: the fp32 torch target (kept: the drafter reads its embeddings and lm_head);
     tap_layer_ids: the drafter's tapped layers (they are graph outputs, so part of the export);
@@ -74,74 +87,73 @@ class OrtTarget:
         print(f"[ort] verify graph loaded in {time.perf_counter() - start:.1f} s ({threads} thread(s))",
               file=sys.stderr, flush=True)
         self.tap_width = len(self.tap_layer_ids) * cfg.hidden_size  # F
+        self.pool = SlotPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        self.pool_names = pool_input_names("past", cfg.num_layers)
 
-    def new_sequence(self, capacity: int) -> TokenMajorKV:
-        cfg = self.config
-        return TokenMajorKV(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, capacity)
+    def new_sequence(self, capacity: int) -> Slot:
+        return self.pool.acquire(capacity)
 
-    def prefix_len(self, seq: TokenMajorKV) -> int:
+    def release(self, seq: Slot) -> None:
+        seq.release()
+
+    def prefix_len(self, seq: Slot) -> int:
         return seq.length
 
-    def _outputs(self, rows: int, tap_rows: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Fresh output arrays (never reused: the engine may hold a round's logits)."""
-        logits = np.empty((rows, self.config.vocab_size), dtype=np.float32)  # [rows, V]
-        taps = np.empty((tap_rows, self.tap_width), dtype=np.float32) if self.tap_layer_ids else None  # [n, F]
+    def _run(self, slots: Sequence[Slot], tokens: np.ndarray, positions: np.ndarray, masks: Sequence[np.ndarray],
+             logit_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """ONE graph pass over the flattened tokens [T] of `slots` (request b: rows of size
+        len(masks[b]), in order). Leaves each slot's new K/V pending; -> logits [m, V], taps [T, F]."""
+        for slot, mask in zip(slots, masks):
+            slot.check_room(len(mask))
+        lo, hi = self.pool.slot_range(list(slots))
+        gather, scatter, pack = pack_inputs(slots, masks, lo, hi)
+        total, (layers, hkv, d) = len(tokens), self.pool.shape
+        logits = np.empty((len(logit_rows), self.config.vocab_size), dtype=np.float32)  # fresh: the engine keeps it
+        keys, values = (np.empty((total, layers, hkv, d), dtype=np.float32) for _ in range(2))
+        taps = np.empty((total, self.tap_width), dtype=np.float32) if self.tap_layer_ids else None
+        binding = self.session.io_binding()
+        for name, array in (("input_ids", tokens), ("position_ids", positions), ("gather_rows", gather),
+                            ("scatter_rows", scatter), ("past_mask", self.pool.past_mask(list(slots), lo, hi)),
+                            ("pack_mask", pack), ("logit_rows", logit_rows)):
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name, array in zip(self.pool_names, self.pool.keys + self.pool.values):
+            view = array[lo:hi]  # [S, Hkv, C, d], contiguous: bound in place
+            binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+        outputs = (("logits", logits), ("new_keys", keys), ("new_values", values)) + (
+            (("taps", taps),) if taps is not None else ())
+        for name, array in outputs:
+            binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        row = 0
+        for slot, mask in zip(slots, masks):
+            slot.pending = (keys, values, row)
+            row += len(mask)
         return logits, taps
 
-    def _run(self, seq: TokenMajorKV, tokens: np.ndarray, positions: np.ndarray, words: np.ndarray,
-             logit_rows: np.ndarray, logits: np.ndarray, taps: np.ndarray | None) -> None:
-        """One graph pass over n tokens of `seq`; K/V land in its pending rows [P, P+n).
-
-        tokens, positions: [n] int64; words: [n, W] int32 bitmask; logit_rows: [m] int64;
-        logits: [m, V] and taps: [n, F] output views (C-contiguous) the graph writes into.
-        """
-        n, p = len(tokens), seq.length
-        seq.check_room(n)
-        binding = self.session.io_binding()
-        for name, array in (("input_ids", tokens), ("position_ids", positions), ("bitmask", words),
-                            ("logit_rows", logit_rows)):
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        kv = list(seq.keys.shape[1:])  # [layers, Hkv, d]
-        for name, buffer in (("keys", seq.keys), ("values", seq.values)):
-            binding.bind_input(f"past_{name}", "cpu", 0, np.float32, [p] + kv, buffer.ctypes.data)
-            binding.bind_output(f"new_{name}", "cpu", 0, np.float32, [n] + kv, buffer[p:].ctypes.data)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        if taps is not None:
-            binding.bind_output("taps", "cpu", 0, np.float32, list(taps.shape), taps.ctypes.data)
-        self.session.run_with_iobinding(binding)
-
-    def prefill(self, seq: TokenMajorKV, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prefill(self, seq: Slot, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the prompt [P] as a chain and commit it -> (last-row logits [1, V], taps [P, F])."""
         if token_ids.dim() != 1 or token_ids.numel() == 0:
             raise ValueError("prefill needs a non-empty 1-D tensor of token ids")
         tokens = token_ids.cpu().numpy().astype(np.int64)
         n = len(tokens)
-        logits, taps = self._outputs(1, n)
         positions = np.arange(seq.length, seq.length + n, dtype=np.int64)
-        self._run(seq, tokens, positions, bitmask(causal_chain(n)), np.array([n - 1]), logits, taps)
-        seq.length += n
+        logits, taps = self._run([seq], tokens, positions, [ancestor_matrix(causal_chain(n))], np.array([n - 1]))
+        self.pool.commit(seq, np.arange(n))
         return torch.from_numpy(logits), None if taps is None else torch.from_numpy(taps)
 
-    def verify(self, seqs: Sequence[TokenMajorKV], packs: Sequence[np.ndarray], trees: Sequence[Tree]
+    def verify(self, seqs: Sequence[Slot], packs: Sequence[np.ndarray], trees: Sequence[Tree]
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """ONE verify step over every pack (one graph pass per request, in order).
-
-        packs: B × [n_b] int64 [b, z_1..z_N]. Returns logits [Σn, V], taps [Σn, F] | None;
-        leaves n_b pending rows in each sequence until `commit`.
-        """
+        """ONE graph pass over every pack. packs: B × [n_b] int64 [b, z_1..z_N].
+        Returns logits [Σn, V], taps [Σn, F] | None; leaves n_b pending rows per sequence."""
         sizes = [t.num_packed for t in trees]
         if [len(p) for p in packs] != sizes or len(seqs) != len(sizes):
             raise ValueError(f"{len(seqs)} sequences, pack lengths {[len(p) for p in packs]}, tree sizes {sizes}")
-        total = sum(sizes)
-        logits, taps = self._outputs(total, total)
-        row = 0
-        for seq, pack, tree, n in zip(seqs, packs, trees, sizes):
-            rows = slice(row, row + n)
-            self._run(seq, np.asarray(pack, dtype=np.int64), position_ids(tree, seq.length), bitmask(tree),
-                      np.arange(n, dtype=np.int64), logits[rows], None if taps is None else taps[rows])
-            row += n
+        tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in packs])
+        positions = np.concatenate([position_ids(t, s.length) for s, t in zip(seqs, trees)])
+        logits, taps = self._run(seqs, tokens, positions, [ancestor_matrix(t) for t in trees],
+                                 np.arange(len(tokens), dtype=np.int64))
         return torch.from_numpy(logits), None if taps is None else torch.from_numpy(taps)
 
-    def commit(self, seq: TokenMajorKV, kept_rows: np.ndarray) -> None:
+    def commit(self, seq: Slot, kept_rows: np.ndarray) -> None:
         """Keep pack rows [0] + accepted path: K/V -> x∘b∘y_1:A."""
-        seq.compact(kept_rows)
+        self.pool.commit(seq, kept_rows)

@@ -126,10 +126,38 @@ def test_kv_after_commits_equals_a_fresh_prefill_of_the_committed_tokens(backend
     ort_target.prefill(fresh, torch.tensor(tokens))
     reference = torch_target.new_sequence(n)
     torch_target.prefill(reference, torch.tensor(tokens))
-    for name, buffer in (("keys", "k"), ("values", "v")):
-        np.testing.assert_allclose(getattr(seq, name)[:n], getattr(fresh, name), atol=ATOL, rtol=0)
+    pool = ort_target.pool
+    for ours, again, buffer in zip(pool.committed(seq), pool.committed(fresh), ("k", "v")):
+        np.testing.assert_allclose(ours, again, atol=ATOL, rtol=0)
         torch_rows = getattr(reference.cache, buffer)[:, :, :n].permute(2, 0, 1, 3).numpy()  # [P, layers, Hkv, d]
-        np.testing.assert_allclose(getattr(seq, name)[:n], torch_rows, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(ours, torch_rows, atol=ATOL, rtol=0)
+
+
+def test_batched_pass_over_a_pool_with_holes_and_growth_equals_each_request_alone(backends):
+    """Slots freed in the middle of the range, the pool growing (more slots, a larger C)
+    while requests live: every request's rows in one batched pass equal its pass alone."""
+    ort_target, torch_target = backends
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (int(n),), generator=gen) for n in (4, 9, 2, 13, 6, 3, 7)]
+    seqs = [ort_target.new_sequence(40) for _ in prompts]
+    for s, p in zip(seqs, prompts):
+        ort_target.prefill(s, p)
+    for gone in (seqs[1], seqs[4]):
+        ort_target.release(gone)
+    live = [seqs[i] for i in (6, 0, 3, 5, 2)]  # not in slot order
+    live.append(ort_target.new_sequence(300))  # takes a hole; C grows past 128, in place
+    ort_target.prefill(live[-1], torch.arange(11))
+    trees = [random_tree(b, seed=20 + i) for i, b in enumerate((3, 0, 15, 7, 1, 31))]
+    packs = [np.concatenate([[i + 1], t.tokens]).astype(np.int64) for i, t in enumerate(trees)]
+    together, taps = ort_target.verify(live, packs, trees)
+    row = 0
+    for s, pack, tree in zip(live, packs, trees):
+        reference = torch_target.new_sequence(64)
+        torch_target.prefill(reference, torch.cat([prompts[seqs.index(s)] if s in seqs else torch.arange(11)]))
+        alone, _ = torch_target.verify([reference], [pack], [tree])
+        np.testing.assert_allclose(together[row:row + tree.num_packed].numpy(), alone.numpy(), atol=ATOL, rtol=0)
+        row += tree.num_packed
+    assert ort_target.pool.capacity >= 300 and ort_target.pool.num_slots >= 6
 
 
 def _generate(target, drafter, prompts, method, budget=None, max_new=40) -> list[list[int]]:
@@ -171,6 +199,6 @@ def test_refuses_a_non_fp32_target_and_a_full_cache(model, backends):
     with pytest.raises(ValueError, match="fp32"):
         OrtTarget(copy.deepcopy(model).to(torch.bfloat16), TAPS)
     ort_target = backends[0]
-    seq = ort_target.new_sequence(4)
+    seq = ort_target.new_sequence(4)  # the pool's C is larger: the request's own capacity is the limit
     with pytest.raises(CacheFullError, match="capacity"):
         ort_target.prefill(seq, torch.arange(5))

@@ -1,0 +1,129 @@
+"""One KV pool for every live request of an onnxruntime backend (slots, not per-request buffers).
+
+Layout, per layer i: keys[i], values[i] are [slots, Hkv, C, d] (numpy fp32, zeros when
+made). A request owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
+A batched pass binds, per layer, the slot range [lo, hi) that covers its requests as one
+contiguous [hi - lo, Hkv, C, d] input, in place (no per-round copy of any prefix): the
+graph masks each slot's columns >= P, and a slot in the range that is not in the batch
+is masked whole. Head-major [Hkv, C, d] rows make K^T a transpose of the last two axes,
+which onnxruntime fuses into its MatMul (no copy of the prefix in the graph either).
+
+Slots are taken lowest-first, so a batch's range stays dense. The pool grows (slots
+doubled, C rounded up to `CAPACITY_STEP`) when a request needs more: a rare copy, never
+per round. `release` frees a slot; a `Slot` freed by the garbage collector frees itself.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from runtime.kv_cache import CacheFullError
+
+CAPACITY_STEP = 128  # C grows in multiples of this (fewer regrowths, few wasted columns)
+MASKED = float(np.finfo(np.float32).min)  # additive mask value of a hidden column
+
+
+class Slot:
+    """One request's place in a `SlotPool`: slot index, P (committed rows), its own capacity.
+
+    `pending` holds the last pass's new K/V rows until `commit` gathers the kept ones in."""
+
+    def __init__(self, pool: "SlotPool", index: int, capacity: int) -> None:
+        self.pool, self.index, self.capacity = pool, index, capacity
+        self.length = 0  # P
+        self.pending: tuple[np.ndarray, np.ndarray, int] | None = None  # (keys [T, layers, Hkv, d], values, row)
+        self._free = weakref.finalize(self, pool._free_index, index)
+
+    def check_room(self, num_new: int) -> None:
+        if self.length + num_new > self.capacity:
+            raise CacheFullError(
+                f"sequence of {self.length + num_new} tokens exceeds the cache capacity of "
+                f"{self.capacity} (the context window); shorten the prompt or max_new_tokens"
+            )
+
+    def release(self) -> None:
+        self.pending = None
+        self._free()
+
+
+class SlotPool:
+    """K/V of `num_layers` layers, `num_kv_heads` x `head_dim`, for any number of requests."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
+        self.shape = (num_layers, num_kv_heads, head_dim)
+        self.keys: list[np.ndarray] = []  # per layer [slots, Hkv, C, d]
+        self.values: list[np.ndarray] = []
+        self.in_use: list[bool] = []
+        self._resize(4, CAPACITY_STEP)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.in_use)
+
+    @property
+    def capacity(self) -> int:  # C
+        return self.keys[0].shape[2]
+
+    def _resize(self, slots: int, capacity: int) -> None:
+        layers, hkv, d = self.shape
+        old_slots, old_c = (self.num_slots, self.capacity) if self.keys else (0, 0)
+        for arrays in (self.keys, self.values):
+            grown = [np.zeros((slots, hkv, capacity, d), dtype=np.float32) for _ in range(layers)]
+            for new, old in zip(grown, arrays):
+                new[:old_slots, :, :old_c] = old
+            arrays[:] = grown
+        self.in_use += [False] * (slots - old_slots)
+
+    def acquire(self, capacity: int) -> Slot:
+        """A free slot for a request of up to `capacity` rows (the pool grows if it must)."""
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
+        if capacity > self.capacity or all(self.in_use):
+            slots = self.num_slots * (2 if all(self.in_use) else 1)
+            self._resize(slots, max(self.capacity, -(-capacity // CAPACITY_STEP) * CAPACITY_STEP))
+        index = self.in_use.index(False)
+        self.in_use[index] = True
+        return Slot(self, index, capacity)
+
+    def _free_index(self, index: int) -> None:
+        self.in_use[index] = False
+
+    def slot_range(self, slots: list[Slot]) -> tuple[int, int]:
+        """[lo, hi): the contiguous slot range a batched pass over `slots` binds."""
+        indices = [s.index for s in slots]
+        if len(set(indices)) != len(indices):
+            raise ValueError("a batch holds the same request twice")
+        return min(indices), max(indices) + 1
+
+    def past_mask(self, slots: list[Slot], lo: int, hi: int) -> np.ndarray:
+        """[hi - lo, C] float32 additive: 0 on each batch slot's committed columns, MASKED elsewhere."""
+        columns = np.arange(self.capacity)
+        lengths = np.full(hi - lo, 0, dtype=np.int64)  # a slot outside the batch sees nothing
+        for s in slots:
+            lengths[s.index - lo] = s.length
+        return np.where(columns[None, :] < lengths[:, None], 0.0, MASKED).astype(np.float32)
+
+    def committed(self, slot: Slot) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of a slot's committed K and V rows, token-major [P, layers, Hkv, d]."""
+        p = slot.length
+        return tuple(np.stack([a[slot.index, :, :p] for a in arrays]).transpose(2, 0, 1, 3)
+                     for arrays in (self.keys, self.values))
+
+    def commit(self, slot: Slot, kept_rows: np.ndarray) -> None:
+        """Keep rows `kept_rows` ([m] increasing, relative to the slot's last pass) -> [P, P+m)."""
+        if slot.pending is None:
+            raise ValueError("commit without a pass: run prefill or verify first")
+        keep = np.asarray(kept_rows, dtype=np.int64)
+        if len(keep) and (keep[0] < 0 or np.any(np.diff(keep) <= 0)):
+            raise ValueError(f"kept rows must be increasing and >= 0, got {keep.tolist()}")
+        keys, values, row = slot.pending
+        m, p = len(keep), slot.length
+        slot.check_room(m)
+        rows = row + keep
+        for i in range(self.shape[0]):  # pending [T, layers, Hkv, d] -> pool [Hkv, m, d]
+            self.keys[i][slot.index, :, p:p + m] = keys[rows, i].transpose(1, 0, 2)
+            self.values[i][slot.index, :, p:p + m] = values[rows, i].transpose(1, 0, 2)
+        slot.length += m
+        slot.pending = None
