@@ -8,6 +8,7 @@ Contract (the round contract of ARCHITECTURE.md, per request `seq`):
                                   -> (logits [Σn, V], taps [Σn, F] | None), rows in pack order
   commit(seq, kept_rows)          keeps pack rows [0] + accepted path: KV -> x∘b∘y_1:A
   prefix_len(seq)                 P = committed rows
+  release(seq)                    the request is done: its cache rows may be reused
 `TorchTarget` is the reference (torch eager, fp32 or bf16, CPU or CUDA).
 """
 
@@ -36,6 +37,7 @@ class TargetBackend(Protocol):
                ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
     def commit(self, seq: Any, kept_rows: np.ndarray) -> None: ...
     def prefix_len(self, seq: Any) -> int: ...
+    def release(self, seq: Any) -> None: ...
 
 
 class TorchTarget:
@@ -66,3 +68,6 @@ class TorchTarget:
 
     def prefix_len(self, seq: TargetExecutor) -> int:
         return seq.prefix_len
+
+    def release(self, seq: TargetExecutor) -> None:
+        """Nothing to do: a request's cache is its own and is freed with it."""

@@ -112,15 +112,24 @@ class LLMEngine:
             if method != "ar":
                 self.drafter.append_context(seq.draft_state, taps)
             self.active.append(seq)
+        else:
+            self._release(seq)
         t.prefill_ms = (self.clock.now() - start) * 1e3
         return seq
 
     def abort(self, seq: Sequence, reason: str = "aborted") -> None:
-        """Drop a live request (its caches are freed with it)."""
+        """Drop a live request and free its caches."""
         if seq in self.active:
             self.active.remove(seq)
+            self._release(seq)
         if not seq.done:
             seq.finish_reason, seq.error = "abort", reason
+
+    def _release(self, seq: Sequence) -> None:
+        """Give a finished request's target and drafter cache slots back to their pools."""
+        self.target.release(seq.target)
+        if seq.draft_state is not None and hasattr(self.drafter, "release"):  # a drafter whose caches are pooled
+            self.drafter.release(seq.draft_state)
 
     # ------------------------------------------------------------------ one round
     def _drafts(self, batch: list[Sequence]) -> list[Sequence]:
@@ -140,10 +149,7 @@ class LLMEngine:
         drafting = self._drafts(batch)
         scores = None
         if drafting:
-            for s in drafting:
-                if s.pending_taps:
-                    self.drafter.append_context(s.draft_state, torch.cat(s.pending_taps))
-                    s.pending_taps = []
+            self._append_contexts([s for s in drafting if s.pending_taps])
             scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
         t1 = clock.now()
         trees, drafts, masses = self._trees(batch, drafting, scores)
@@ -158,10 +164,23 @@ class LLMEngine:
             self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], draft)
             if seq.done:
                 finished.append(seq)
+                self._release(seq)
         t4 = clock.now()
         self._account(batch, trees, masses, drafting, (t0, t1, t2, t3, t4))
         self.active = [s for s in batch if not s.done]
         return finished
+
+    def _append_contexts(self, seqs: list[Sequence]) -> None:
+        """Feed the drafter the taps of what each request committed since it last drafted
+        (ONE context pass where the drafter batches them)."""
+        taps = [torch.cat(s.pending_taps) for s in seqs]
+        for s in seqs:
+            s.pending_taps = []
+        if hasattr(self.drafter, "append_contexts"):
+            self.drafter.append_contexts([s.draft_state for s in seqs], taps)
+        else:
+            for s, t in zip(seqs, taps):
+                self.drafter.append_context(s.draft_state, t)
 
     def _draft(self, states: list, roots: list[int]) -> DraftScores:
         """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's

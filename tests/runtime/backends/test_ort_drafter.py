@@ -78,6 +78,27 @@ def test_ragged_batch_draft_returns_each_requests_block_in_order(model, cache_di
     np.testing.assert_allclose(out[0].numpy(), out[1].numpy(), atol=ATOL, rtol=0)
 
 
+def test_one_context_pass_and_one_draft_pass_over_a_subset_out_of_slot_order(model, cache_dir):
+    """append_contexts over several requests at once, then a draft over some of them, in an
+    order other than their slots' (a slot in the middle freed): each block equals its own."""
+    ours, reference = drafters(model, cache_dir, DRAFT_IDS)
+    width = len(ours.tap_layer_ids) * model.config.hidden_size
+    taps = [random_taps(2 + 4 * i, width, seed=30 + i) for i in range(4)]
+    states = [ours.new_state(48) for _ in taps]
+    ours.append_contexts(states, taps)
+    ours.append_contexts([states[3], states[0]], [random_taps(3, width, seed=40), random_taps(0, width, seed=0)])
+    ours.release(states[1])
+    got = ours.draft([states[3], states[0], states[2]], [5, 9, 13])
+    for b, (i, root) in enumerate(((3, 5), (0, 9), (2, 13))):
+        single = reference.new_state(48)
+        reference.append_context(single, taps[i])
+        if i == 3:
+            reference.append_context(single, random_taps(3, width, seed=40))
+        want = reference.draft([single], [root])[0]
+        finite = torch.isfinite(want)
+        np.testing.assert_allclose(got[b][finite].numpy(), want[finite].numpy(), atol=ATOL, rtol=0)
+
+
 def test_graphs_are_exported_once_per_drafter_identity(model, cache_dir, capfd):
     drafters(model, cache_dir, seed=11)
     assert "exporting" in capfd.readouterr().err
