@@ -13,6 +13,13 @@ It keeps exponentially weighted means of committed tokens and round milliseconds
 plays the arm with the higher tokens/ms, and tries the other arm once every
 `probe_every` rounds so a change of domain or of machine load is noticed.
 
+Under load (batch > 1, with `costs`) a drafted round is dear: one request's probe costs
+the whole batch a draft pass and a verify padded to its tree (embedded target, 16
+requests on 2 cores: a round with one 7-node tree 110 ms against 65 ms all-AR). There
+the gate plays the table's choice at the round's batch from the first round, on masses
+inherited from the engine's last drafting request (`inherit`) until it has its own, and
+never probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once.
+
 Costs come from one of two places. With `costs` (the engine's `OnlineCostModel`), both
 arms are priced by the table the width rule chooses trees from: a drafted round as the
 best tree the width rule would build on this request's typical prefix masses (EWMA of
@@ -85,14 +92,17 @@ class DraftGate:
     prior_tokens: float = 2.0  # pseudo-count of the realized / predicted correction
     costs: RoundCosts | None = None  # price both arms from this table (else: wall-clock EWMA)
     min_drafted: int = 4  # with costs: drafted rounds before the gate may turn drafting off (the
-    # first block after a prompt is the least certain; one reading must not decide)
+    # first block after a prompt is the least certain; one reading must not decide); not under load
+    # with inherited masses (see the module docstring)
     speculate: ArmStats = field(default_factory=ArmStats)
     autoregressive: ArmStats = field(default_factory=ArmStats)
     realized: float = 0.0      # accepted (non-root) tokens of drafted rounds with a forecast
     predicted: float = 0.0     # their forecast accepted tokens
     packed: int | None = None  # packed tokens of the last drafted round (priced by `costs`)
     masses: np.ndarray | None = None  # EWMA of drafted rounds' sorted prefix masses (priced by `costs`)
+    batch: int = 1  # live requests in the last round: `costs` prices both arms at this batch
     _since_other: int = 0      # rounds since the arm not being played last ran
+    _best: bool = True         # best_is_speculate() as of the last record
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -103,10 +113,13 @@ class DraftGate:
             raise ValueError(f"DraftGate.prior_tokens must be > 0, got {self.prior_tokens}")
 
     def record(self, drafted: bool, committed: int, round_ms: float, expected: float | None = None,
-               packed: int | None = None, masses: np.ndarray | None = None) -> None:
+               packed: int | None = None, masses: np.ndarray | None = None, batch: int = 1) -> None:
         """One finished round: committed tokens (>= 1), its wall ms (draft included) and, for
         a drafted round, its forecast committed length 1 + sum of calibrated node masses and
-        its packed tokens N + 1 (what `costs` prices it at)."""
+        its packed tokens N + 1 (what `costs` prices it at); `batch`: requests in the round."""
+        if batch < 1:
+            raise ValueError(f"a round has >= 1 request, got batch {batch}")
+        self.batch = batch
         if committed < 1 or not round_ms > 0:
             raise ValueError(f"a round commits >= 1 token in > 0 ms, got {committed} tokens, {round_ms} ms")
         if expected is not None and expected < 1:
@@ -122,7 +135,8 @@ class DraftGate:
             self._blend(np.asarray(masses, dtype=np.float64))
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
-        self._since_other = 0 if drafted != self.best_is_speculate() else self._since_other + 1
+        self._best = self.best_is_speculate()
+        self._since_other = 0 if drafted != self._best else self._since_other + 1
 
     def _blend(self, masses: np.ndarray) -> None:
         """EWMA of descending mass vectors (zero-padded): it stays descending."""
@@ -148,22 +162,43 @@ class DraftGate:
     def best_is_speculate(self) -> bool:
         """The arm with the higher tokens/ms: priced by `costs` where given, else measured
         (speculate until AR is measured)."""
-        if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR
-            typical = np.minimum(self.masses * (self.correction if self.predicted > 0 else 1.0), 1.0)
-            return self.costs.best_rate(typical) >= self.costs.ar_rate()
+        if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
+            pooled = np.repeat(self.typical_masses(), self.batch)  # every request of the round drafting like this one
+            return self.costs.best_rate(pooled, self.batch) >= self.costs.ar_rate(self.batch)
         if self.costs is not None and self.packed is not None:
-            return self.costs.draft_pays(self.speculate_tokens(), self.packed)
+            return self.costs.draft_pays(self.speculate_tokens(), self.packed, self.batch)
         if self.autoregressive.rounds == 0:
             return True
         return self.speculate_tokens_per_ms() >= self.autoregressive.tokens_per_ms
 
+    def inherit(self, other: "DraftGate", pseudo_tokens: float = 4.0) -> None:
+        """Start from another request's evidence (the engine hands over its last drafting
+        request's gate): its typical masses, and its realized / predicted acceptance
+        shrunk to `pseudo_tokens` predicted tokens. Under load this request then decides
+        from the table at once instead of paying a drafted first round."""
+        if other.masses is None:
+            return
+        self.masses = other.masses.copy()
+        if other.predicted > 0:
+            shrink = min(1.0, pseudo_tokens / other.predicted)
+            self.realized, self.predicted = other.realized * shrink, other.predicted * shrink
+
+    def typical_masses(self) -> np.ndarray | None:
+        """This request's typical prefix masses, scaled by its realized / predicted acceptance."""
+        if self.masses is None:
+            return None
+        return np.minimum(self.masses * (self.correction if self.predicted > 0 else 1.0), 1.0)
+
     def draft_next(self) -> bool:
         """Whether the next round drafts."""
+        if self.costs is not None and self.batch > 1 and self.masses is not None:  # under load: the table decides
+            fresh = self.speculate.rounds + self.autoregressive.rounds == 0  # inherited masses, no record yet
+            return self.best_is_speculate() if fresh else self._best  # (`LoadProbe` probes for the batch)
         if self.speculate.rounds == 0 or (self.costs is not None and self.speculate.rounds < self.min_drafted):
             return True
         if self.autoregressive.rounds == 0 and self.costs is None:  # measure the AR arm once
             return False
-        best = self.best_is_speculate()
+        best = self._best
         return (not best) if self._since_other >= self.probe_every else best
 
     @property

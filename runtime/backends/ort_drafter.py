@@ -170,7 +170,7 @@ class OrtDrafter:
         for name, array in (("block_ids", block), ("position_ids", positions), ("context_mask", mask),
                             ("slot_rows", np.array([s.index - lo for s in states], dtype=np.int64))):
             binding.bind_cpu_input(name, array)
-        for name, array in zip(self.pool_names, self.pool.keys + self.pool.values):
+        for name, array in zip(self.pool_names, [*self.pool.keys, *self.pool.values]):
             view = array[lo:hi]  # [S, Hkv, C, d], bound in place
             binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
         binding.bind_output("logits", "cpu", 0, np.float32, list(sub.shape), sub.ctypes.data)

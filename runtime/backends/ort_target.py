@@ -116,7 +116,7 @@ class OrtTarget:
                             ("scatter_rows", scatter), ("past_mask", self.pool.past_mask(list(slots), lo, hi)),
                             ("pack_mask", pack), ("logit_rows", logit_rows)):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, array in zip(self.pool_names, self.pool.keys + self.pool.values):
+        for name, array in zip(self.pool_names, [*self.pool.keys, *self.pool.values]):
             view = array[lo:hi]  # [S, Hkv, C, d], contiguous: bound in place
             binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
         outputs = (("logits", logits), ("new_keys", keys), ("new_values", values)) + (

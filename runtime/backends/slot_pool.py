@@ -1,7 +1,7 @@
 """One KV pool for every live request of an onnxruntime backend (slots, not per-request buffers).
 
-Layout, per layer i: keys[i], values[i] are [slots, Hkv, C, d] (numpy fp32, zeros when
-made). A request owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
+Layout: keys, values are [layers, slots, Hkv, C, d] (numpy fp32, zeros when made), so
+keys[i] is layer i's [slots, Hkv, C, d] and any slot range of it is contiguous. A request owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
 A batched pass binds, per layer, the slot range [lo, hi) that covers its requests as one
 contiguous [hi - lo, Hkv, C, d] input, in place (no per-round copy of any prefix): the
 graph masks each slot's columns >= P, and a slot in the range that is not in the batch
@@ -53,8 +53,7 @@ class SlotPool:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
         self.shape = (num_layers, num_kv_heads, head_dim)
-        self.keys: list[np.ndarray] = []  # per layer [slots, Hkv, C, d]
-        self.values: list[np.ndarray] = []
+        self.keys = self.values = np.zeros((num_layers, 0, num_kv_heads, 0, head_dim), dtype=np.float32)
         self.in_use: list[bool] = []
         self._resize(4, CAPACITY_STEP)
 
@@ -64,16 +63,17 @@ class SlotPool:
 
     @property
     def capacity(self) -> int:  # C
-        return self.keys[0].shape[2]
+        return self.keys.shape[3]
 
     def _resize(self, slots: int, capacity: int) -> None:
         layers, hkv, d = self.shape
-        old_slots, old_c = (self.num_slots, self.capacity) if self.keys else (0, 0)
-        for arrays in (self.keys, self.values):
-            grown = [np.zeros((slots, hkv, capacity, d), dtype=np.float32) for _ in range(layers)]
-            for new, old in zip(grown, arrays):
-                new[:old_slots, :, :old_c] = old
-            arrays[:] = grown
+        old_slots, old_c = self.keys.shape[1], self.keys.shape[3]
+        grown = []
+        for old in (self.keys, self.values):
+            new = np.zeros((layers, slots, hkv, capacity, d), dtype=np.float32)
+            new[:, :old_slots, :, :old_c] = old
+            grown.append(new)
+        self.keys, self.values = grown
         self.in_use += [False] * (slots - old_slots)
 
     def acquire(self, capacity: int) -> Slot:
@@ -108,8 +108,7 @@ class SlotPool:
     def committed(self, slot: Slot) -> tuple[np.ndarray, np.ndarray]:
         """Copies of a slot's committed K and V rows, token-major [P, layers, Hkv, d]."""
         p = slot.length
-        return tuple(np.stack([a[slot.index, :, :p] for a in arrays]).transpose(2, 0, 1, 3)
-                     for arrays in (self.keys, self.values))
+        return tuple(a[:, slot.index, :, :p].transpose(2, 0, 1, 3).copy() for a in (self.keys, self.values))
 
     def commit(self, slot: Slot, kept_rows: np.ndarray) -> None:
         """Keep rows `kept_rows` ([m] increasing, relative to the slot's last pass) -> [P, P+m)."""
@@ -122,8 +121,7 @@ class SlotPool:
         m, p = len(keep), slot.length
         slot.check_room(m)
         rows = row + keep
-        for i in range(self.shape[0]):  # pending [T, layers, Hkv, d] -> pool [Hkv, m, d]
-            self.keys[i][slot.index, :, p:p + m] = keys[rows, i].transpose(1, 0, 2)
-            self.values[i][slot.index, :, p:p + m] = values[rows, i].transpose(1, 0, 2)
+        for pool, new in ((self.keys, keys), (self.values, values)):  # pending [T, layers, Hkv, d] -> [layers, Hkv, m, d]
+            pool[:, slot.index, :, p:p + m] = new[rows].transpose(1, 2, 0, 3)
         slot.length += m
         slot.pending = None

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.draft_gate import DraftGate
+from cast_trtllm.load_probe import LoadProbe
 from cast_trtllm.sampling import sample_tokens
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
@@ -58,6 +59,9 @@ class LLMEngine:
         self.spec, self.width, self.cost = spec, width, cost
         self.clock = Stopwatch(self.target.device)
         self.active: list[Sequence] = []
+        self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
+        self.probing = False  # this round is the load probe's
+        self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
 
     @property
     def context_window(self) -> int:
@@ -100,6 +104,8 @@ class LLMEngine:
             req.sampling.generator("cpu"),
             gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost) if gated else None,
         )
+        if seq.gate is not None and self.last_gate is not None:  # under load, decide from the table at once
+            seq.gate.inherit(self.last_gate)
         t = seq.timings
         start = self.clock.now()
         logits, taps = self.target.prefill(target, torch.as_tensor(req.prompt_ids, dtype=torch.int64))
@@ -133,11 +139,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one round
     def _drafts(self, batch: list[Sequence]) -> list[Sequence]:
-        """The requests that draft this round (the draft gate and max_concurrency decide)."""
+        """The requests that draft this round (the draft gates, the load probe and max_concurrency decide)."""
         limit = self.spec.max_concurrency
+        self.probing = False
         if limit is not None and len(batch) > limit:
             return []
-        return [s for s in batch if s.method != "ar" and s.draft_next]
+        gated = [s for s in batch if s.gate is not None]
+        for s in gated:
+            if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this round's batch
+                s.gate.batch = len(batch)
+                s.draft_next = s.gate.draft_next()
+        if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
+            masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
+            self.probing = self.load_probe.due(masses, len(batch))  # every gated request tries drafting at once
+        return [s for s in batch if s.method != "ar" and (s.draft_next or (self.probing and s.gate is not None))]
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -263,8 +278,12 @@ class LLMEngine:
                 was = id(seq) in drafted
                 expected = expected_committed(tree, self._beta(seq)) if was else None
                 seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                                packed=tree.num_packed if was else None, masses=mass)
+                                packed=tree.num_packed if was else None, masses=mass, batch=len(batch))
                 seq.draft_next = seq.gate.draft_next()
+                if was and seq.gate.masses is not None:
+                    self.last_gate = seq.gate
+        if self.probing:
+            self.load_probe.confirmed(still_ar=not any(s.draft_next for s in batch if s.gate is not None))
 
     def _beta(self, seq: Sequence) -> float:
         if seq.budget == AUTO and self.width is not None:

@@ -104,3 +104,60 @@ def test_with_costs_a_request_whose_trees_cannot_pay_runs_ar():
     for _ in range(3):
         gate.record(True, 1, 30.0, expected=1.01, packed=2, masses=np.array([0.01]))
     assert not gate.best_is_speculate()
+
+
+def _table(ar_ms: float, tree_ms: float):
+    """A cost table at batch 8: AR rounds `ar_ms`, a drafted round `tree_ms` + 10 ms of drafting."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=10.0, probe_every=10_000)
+    for _ in range(3):
+        model.observe_verify(8, ar_ms, batch=8)
+        for bucket in (2, 4, 8):
+            model.observe_verify(8 * bucket, tree_ms, batch=8)
+    return model
+
+
+def _loaded_gate(model, masses) -> DraftGate:
+    donor = DraftGate(costs=model)
+    donor.record(True, 1 + round(masses.sum()), 50.0, expected=1 + masses.sum(), packed=4, masses=masses)
+    gate = DraftGate(costs=model, probe_every=4)
+    gate.inherit(donor)
+    gate.batch = 8
+    return gate
+
+
+def _rounds(gate: DraftGate, n: int, masses) -> list[bool]:
+    drafted = []
+    for _ in range(n):
+        d = gate.draft_next()
+        drafted.append(d)
+        gate.record(d, 1 + round(masses.sum()) if d else 1, 50.0, expected=1 + masses.sum() if d else None,
+                    packed=4 if d else None,
+                    masses=masses if d else None, batch=8)
+    return drafted
+
+
+@pytest.mark.parametrize("tree_ms", [80.0, 60.0])  # drafting far from AR, and close to it
+def test_under_load_inherited_masses_decide_the_first_round_and_the_gate_never_probes_alone(tree_ms):
+    masses = np.array([0.9, 0.8, 0.6])
+    gate = _loaded_gate(_table(ar_ms=20.0, tree_ms=tree_ms), masses)  # best drafted 8 * 3.1 / (10 + tree_ms) < 0.4
+    assert _rounds(gate, 40, masses) == [False] * 40  # no drafted first round, no probe of its own
+
+
+def test_with_costs_the_gate_prices_both_arms_at_the_rounds_batch():
+    """A compute-bound machine: verify costs grow with the pass's packed tokens, so a tree
+    that pays alone (B = 1: one token's pass is as dear as seven) does not pay when 16
+    requests share the pass (16 AR tokens cost what 16 trees' roots cost)."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 4, 8), prior={1: 30.0, 8: 32.0, 16: 40.0, 128: 300.0},
+                            prior_draft_ms=3.0, probe_every=10_000)
+    masses = np.array([0.8, 0.6, 0.3])
+    alone, loaded = DraftGate(costs=model), DraftGate(costs=model)
+    for gate, batch in ((alone, 1), (loaded, 16)):
+        for _ in range(4):
+            gate.record(True, 2, 40.0, expected=2.7, packed=4, masses=masses, batch=batch)
+    assert alone.best_is_speculate() and not loaded.best_is_speculate()
+    with pytest.raises(ValueError, match="batch"):
+        alone.record(True, 2, 40.0, batch=0)
