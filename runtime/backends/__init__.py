@@ -1,7 +1,11 @@
-"""Target executor backends beyond the torch reference (`runtime.engine.backend.TorchTarget`).
+"""How the target and the drafter run: one batched pass per round over every request.
 
-  ort_target   `OrtTarget`: the verify graph (`runtime.model.graphs.VerifyGraph`) exported
-               from the same weights and run by onnxruntime on the CPU, K/V kept in place;
-  onnx_cache   where that graph is exported to on first use, and reused from.
-Each implements the `runtime.engine.backend.TargetBackend` contract.
+  slot_pool      `SlotPool`: one K/V pool ([layers, slots, Hkv, C, d]) for every request;
+                 a request is a `Slot`; the kept rows of a pass are gathered in at commit;
+  pooled_target  the `runtime.engine.backend.TargetBackend` contract over that pool and the
+                 batched forward (`runtime.model.batch_graph.BatchVerifyGraph`); torch runs it
+                 eagerly (`runtime.engine.backend.TorchTarget`), onnxruntime exported:
+  ort_target     `OrtTarget`: the exported batched verify graph on onnxruntime's CPU provider;
+  ort_drafter    `OrtDrafter`: the DFlash drafter's batched draft and context graphs;
+  onnx_cache     where those graphs are exported to on first use, and reused from.
 """

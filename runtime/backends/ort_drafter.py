@@ -142,9 +142,9 @@ class OrtDrafter:
         for name, array in (("context_keys", keys), ("context_values", values)):
             binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
         self.context_session.run_with_iobinding(binding)
-        row = 0
+        row, pending = 0, (torch.from_numpy(keys), torch.from_numpy(values))
         for state, m in zip(states, sizes):
-            state.pending = (keys, values, row)
+            state.pending = (*pending, row)
             self.pool.commit(state, np.arange(m))
             row += m
 
@@ -172,7 +172,7 @@ class OrtDrafter:
             binding.bind_cpu_input(name, array)
         for name, array in zip(self.pool_names, [*self.pool.keys, *self.pool.values]):
             view = array[lo:hi]  # [S, Hkv, C, d], bound in place
-            binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+            binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.data_ptr())
         binding.bind_output("logits", "cpu", 0, np.float32, list(sub.shape), sub.ctypes.data)
         self.draft_session.run_with_iobinding(binding)
         return DraftScores(torch.from_numpy(sub), self.draft_ids, self.vocab_size)

@@ -1,7 +1,8 @@
-"""One KV pool for every live request of an onnxruntime backend (slots, not per-request buffers).
+"""One KV pool for every live request of a target or drafter backend (slots, not per-request buffers).
 
-Layout: keys, values are [layers, slots, Hkv, C, d] (numpy fp32, zeros when made), so
-keys[i] is layer i's [slots, Hkv, C, d] and any slot range of it is contiguous. A request owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
+Layout: keys, values are [layers, slots, Hkv, C, d] torch tensors (the model's dtype and
+device, zeros when made), so keys[i] is layer i's [slots, Hkv, C, d] and any slot range
+of it is contiguous (onnxruntime binds it by address; torch passes the view). A request owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
 A batched pass binds, per layer, the slot range [lo, hi) that covers its requests as one
 contiguous [hi - lo, Hkv, C, d] input, in place (no per-round copy of any prefix): the
 graph masks each slot's columns >= P, and a slot in the range that is not in the batch
@@ -16,8 +17,10 @@ per round. `release` frees a slot; a `Slot` freed by the garbage collector frees
 from __future__ import annotations
 
 import weakref
+from typing import Sequence
 
 import numpy as np
+import torch
 
 from runtime.kv_cache import CacheFullError
 
@@ -33,7 +36,7 @@ class Slot:
     def __init__(self, pool: "SlotPool", index: int, capacity: int) -> None:
         self.pool, self.index, self.capacity = pool, index, capacity
         self.length = 0  # P
-        self.pending: tuple[np.ndarray, np.ndarray, int] | None = None  # (keys [T, layers, Hkv, d], values, row)
+        self.pending: tuple[torch.Tensor, torch.Tensor, int] | None = None  # (keys [T, layers, Hkv, d], values, row)
         self._free = weakref.finalize(self, pool._free_index, index)
 
     def check_room(self, num_new: int) -> None:
@@ -51,9 +54,10 @@ class Slot:
 class SlotPool:
     """K/V of `num_layers` layers, `num_kv_heads` x `head_dim`, for any number of requests."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
-        self.shape = (num_layers, num_kv_heads, head_dim)
-        self.keys = self.values = np.zeros((num_layers, 0, num_kv_heads, 0, head_dim), dtype=np.float32)
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        self.shape, self.dtype, self.device = (num_layers, num_kv_heads, head_dim), dtype, torch.device(device)
+        self.keys = self.values = torch.zeros((num_layers, 0, num_kv_heads, 0, head_dim), dtype=dtype, device=device)
         self.in_use: list[bool] = []
         self._resize(4, CAPACITY_STEP)
 
@@ -70,7 +74,7 @@ class SlotPool:
         old_slots, old_c = self.keys.shape[1], self.keys.shape[3]
         grown = []
         for old in (self.keys, self.values):
-            new = np.zeros((layers, slots, hkv, capacity, d), dtype=np.float32)
+            new = torch.zeros((layers, slots, hkv, capacity, d), dtype=self.dtype, device=self.device)
             new[:, :old_slots, :, :old_c] = old
             grown.append(new)
         self.keys, self.values = grown
@@ -108,7 +112,7 @@ class SlotPool:
     def committed(self, slot: Slot) -> tuple[np.ndarray, np.ndarray]:
         """Copies of a slot's committed K and V rows, token-major [P, layers, Hkv, d]."""
         p = slot.length
-        return tuple(a[:, slot.index, :, :p].transpose(2, 0, 1, 3).copy() for a in (self.keys, self.values))
+        return tuple(a[:, slot.index, :, :p].permute(2, 0, 1, 3).cpu().numpy() for a in (self.keys, self.values))
 
     def commit(self, slot: Slot, kept_rows: np.ndarray) -> None:
         """Keep rows `kept_rows` ([m] increasing, relative to the slot's last pass) -> [P, P+m)."""
@@ -120,8 +124,27 @@ class SlotPool:
         keys, values, row = slot.pending
         m, p = len(keep), slot.length
         slot.check_room(m)
-        rows = row + keep
+        rows = torch.from_numpy(row + keep).to(keys.device)
         for pool, new in ((self.keys, keys), (self.values, values)):  # pending [T, layers, Hkv, d] -> [layers, Hkv, m, d]
-            pool[:, slot.index, :, p:p + m] = new[rows].transpose(1, 2, 0, 3)
+            pool[:, slot.index, :, p:p + m] = new.index_select(0, rows).permute(1, 2, 0, 3)
         slot.length += m
         slot.pending = None
+
+
+def pack_inputs(slots: Sequence[Slot], masks: Sequence[np.ndarray], lo: int, hi: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """gather_rows [S, n], scatter_rows [T], pack_mask [S, n, n] (`runtime.model.batch_graph`'s
+    inputs) of a flattened batch whose request b (slot `slots[b]`) has the [n_b, n_b]
+    visibility matrix `masks[b]`, over the bound slot range [lo, hi)."""
+    sizes = [len(m) for m in masks]
+    n, offsets = max(sizes), np.cumsum([0] + sizes)
+    gather = np.zeros((hi - lo, n), dtype=np.int64)
+    scatter = np.empty(offsets[-1], dtype=np.int64)
+    pack = np.full((hi - lo, n, n), MASKED, dtype=np.float32)
+    for slot, mask, size, row in zip(slots, masks, sizes, offsets):
+        s = slot.index - lo
+        gather[s, :size] = np.arange(row, row + size)
+        gather[s, size:] = row
+        scatter[row:row + size] = s * n + np.arange(size)
+        pack[s, :size, :size] = np.where(mask, 0.0, MASKED)
+    return gather, scatter, pack

@@ -9,7 +9,8 @@ Contract (the round contract of ARCHITECTURE.md, per request `seq`):
   commit(seq, kept_rows)          keeps pack rows [0] + accepted path: KV -> x∘b∘y_1:A
   prefix_len(seq)                 P = committed rows
   release(seq)                    the request is done: its cache rows may be reused
-`TorchTarget` is the reference (torch eager, fp32 or bf16, CPU or CUDA).
+Every backend runs ONE forward over every request per round (`runtime.backends.pooled_target`):
+`TorchTarget` in torch eager (fp32 or bf16, CPU or CUDA), `OrtTarget` as the exported graph.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import numpy as np
 import torch
 
 from cast_trtllm.tree import Tree
-from runtime.batch_forward import ragged_verify
+from runtime.backends.pooled_target import PooledTarget
+from runtime.model.batch_graph import BatchVerifyGraph
 from runtime.model.llama import LlamaTarget, TargetConfig
-from runtime.target import TargetExecutor
 
 
 class TargetBackend(Protocol):
@@ -40,34 +41,26 @@ class TargetBackend(Protocol):
     def release(self, seq: Any) -> None: ...
 
 
-class TorchTarget:
-    """The target's own torch forward (`runtime.model.llama.LlamaTarget`)."""
+class TorchTarget(PooledTarget):
+    """The target's batched forward (`runtime.model.batch_graph.BatchVerifyGraph`) in torch
+    eager, on the model's own device and dtype: the same code onnxruntime runs exported."""
 
     name = "torch"
 
     def __init__(self, model: LlamaTarget, tap_layer_ids: Sequence[int] = ()) -> None:
-        self.model = model
+        self.model, self.config = model, model.config
         self.tap_layer_ids = tuple(tap_layer_ids)
-        self.config = model.config
         self.device, self.dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+        self.graph = BatchVerifyGraph(model, self.tap_layer_ids)
+        self._init_pool()
 
-    def new_sequence(self, capacity: int) -> TargetExecutor:
-        seq = TargetExecutor(self.model, self.tap_layer_ids)
-        seq.reset(capacity)
-        return seq
-
-    def prefill(self, seq: TargetExecutor, token_ids: torch.Tensor):
-        out = seq.prefill(token_ids)
-        return out.logits, out.taps
-
-    def verify(self, seqs: Sequence[TargetExecutor], packs: Sequence[np.ndarray], trees: Sequence[Tree]):
-        return ragged_verify(self.model, [s.cache for s in seqs], packs, trees, self.tap_layer_ids)
-
-    def commit(self, seq: TargetExecutor, kept_rows: np.ndarray) -> None:
-        seq.cache.compact(kept_rows)
-
-    def prefix_len(self, seq: TargetExecutor) -> int:
-        return seq.prefix_len
-
-    def release(self, seq: TargetExecutor) -> None:
-        """Nothing to do: a request's cache is its own and is freed with it."""
+    @torch.inference_mode()
+    def _forward(self, inputs: dict[str, np.ndarray], lo: int, hi: int):
+        floor = torch.finfo(self.dtype).min  # the masks' fp32 minimum, kept finite in a narrower dtype
+        args = []
+        for name in self.graph.input_names[:7]:
+            value = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device)
+            args.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
+        pool = [*self.pool.keys[:, lo:hi].unbind(0), *self.pool.values[:, lo:hi].unbind(0)]  # per layer [S, Hkv, C, d]
+        logits, keys, values, *taps = self.graph(*args, *pool)
+        return logits, keys, values, taps[0] if taps else None

@@ -13,7 +13,7 @@ import pytest
 from cast_trtllm.sampling import SamplingParams
 from perf.harness import MethodSpec
 from runtime.drafter import DrafterExecutor
-from runtime.target import TargetExecutor
+from runtime.engine.backend import TorchTarget
 
 HOUR_MS = 3_600_000.0
 
@@ -41,7 +41,7 @@ def slow_down(monkeypatch):
 
 @pytest.mark.parametrize("spec", [MethodSpec("ar"), MethodSpec("chain"), MethodSpec("cast", 5)])
 def test_decode_window_excludes_a_deliberately_slow_prefill(session, slow_down, spec):
-    slow_down(TargetExecutor, "prefill")
+    slow_down(TorchTarget, "prefill")
     result, _ = session([1, 2, 3, 4], spec, 6, SamplingParams(0.0))
     t = result.timings
     assert t.ttft_ms >= HOUR_MS and t.prefill_ms >= HOUR_MS

@@ -87,8 +87,8 @@ def test_verify_rows_match_the_torch_target_for_other_families(model_type, cache
         seq = backend.new_sequence(32)
         backend.prefill(seq, prompt)
         rows.append(backend.verify([seq], [pack], [tree]))
-    for ours, reference in zip(*rows):
-        np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=ATOL, rtol=0)
+    for ours, reference in zip(*rows):  # logits up to ~65 here: fp32 rounding reaches 1e-4
+        np.testing.assert_allclose(ours.numpy(), reference.numpy(), atol=ATOL, rtol=1e-5)
 
 
 def test_ragged_batch_verify_returns_each_requests_rows_in_pack_order(backends):
@@ -127,9 +127,8 @@ def test_kv_after_commits_equals_a_fresh_prefill_of_the_committed_tokens(backend
     reference = torch_target.new_sequence(n)
     torch_target.prefill(reference, torch.tensor(tokens))
     pool = ort_target.pool
-    for ours, again, buffer in zip(pool.committed(seq), pool.committed(fresh), ("k", "v")):
-        np.testing.assert_allclose(ours, again, atol=ATOL, rtol=0)
-        torch_rows = getattr(reference.cache, buffer)[:, :, :n].permute(2, 0, 1, 3).numpy()  # [P, layers, Hkv, d]
+    for ours, again, torch_rows in zip(pool.committed(seq), pool.committed(fresh), torch_target.pool.committed(reference)):
+        np.testing.assert_allclose(ours, again, atol=ATOL, rtol=0)  # [P, layers, Hkv, d]
         np.testing.assert_allclose(ours, torch_rows, atol=ATOL, rtol=0)
 
 
