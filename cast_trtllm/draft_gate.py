@@ -102,7 +102,8 @@ class DraftGate:
     masses: np.ndarray | None = None  # EWMA of drafted rounds' sorted prefix masses (priced by `costs`)
     batch: int = 1  # live requests in the last round: `costs` prices both arms at this batch
     _since_other: int = 0      # rounds since the arm not being played last ran
-    _best: bool = True         # best_is_speculate() as of the last record
+    _best: bool = True         # best_is_speculate() as of the last record that priced it
+    _stale: int = 0            # records since then
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -135,7 +136,9 @@ class DraftGate:
             self._blend(np.asarray(masses, dtype=np.float64))
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
-        self._best = self.best_is_speculate()
+        self._stale += 1
+        if drafted or self.costs is None or batch == 1 or self._stale >= self.probe_every:
+            self._best, self._stale = self.best_is_speculate(), 0  # under load, AR rounds re-price every few rounds
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 
     def _blend(self, masses: np.ndarray) -> None:
@@ -192,8 +195,9 @@ class DraftGate:
     def draft_next(self) -> bool:
         """Whether the next round drafts."""
         if self.costs is not None and self.batch > 1 and self.masses is not None:  # under load: the table decides
-            fresh = self.speculate.rounds + self.autoregressive.rounds == 0  # inherited masses, no record yet
-            return self.best_is_speculate() if fresh else self._best  # (`LoadProbe` probes for the batch)
+            if self.speculate.rounds + self.autoregressive.rounds == 0:  # inherited masses, no record yet
+                self._best, self._stale = self.best_is_speculate(), 0
+            return self._best  # (`LoadProbe` probes for the batch)
         if self.speculate.rounds == 0 or (self.costs is not None and self.speculate.rounds < self.min_drafted):
             return True
         if self.autoregressive.rounds == 0 and self.costs is None:  # measure the AR arm once

@@ -132,6 +132,7 @@ class OrtDrafter:
         total = sum(sizes)
         if total == 0:
             return
+        self.pool.reserve(max(s.length + m for s, m in zip(states, sizes)))
         rows = np.concatenate([t.detach().cpu().numpy() for t in taps]).astype(np.float32, copy=False)
         positions = np.concatenate([np.arange(s.length, s.length + m) for s, m in zip(states, sizes)])
         layers, hkv, d = self.pool.shape

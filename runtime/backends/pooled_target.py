@@ -55,6 +55,7 @@ class PooledTarget:
         order). Leaves each slot's new K/V pending; -> logits [m, V], taps [T, F] | None."""
         for slot, mask in zip(slots, masks):
             slot.check_room(len(mask))
+        self.pool.reserve(max(slot.length + len(mask) for slot, mask in zip(slots, masks)))
         lo, hi = self.pool.slot_range(list(slots))
         gather, scatter, pack = pack_inputs(slots, masks, lo, hi)
         inputs = {"input_ids": tokens, "position_ids": positions, "gather_rows": gather, "scatter_rows": scatter,

@@ -10,8 +10,8 @@ is masked whole. Head-major [Hkv, C, d] rows make K^T a transpose of the last tw
 which onnxruntime fuses into its MatMul (no copy of the prefix in the graph either).
 
 Slots are taken lowest-first, so a batch's range stays dense. The pool grows (slots
-doubled, C rounded up to `CAPACITY_STEP`) when a request needs more: a rare copy, never
-per round. `release` frees a slot; a `Slot` freed by the garbage collector frees itself.
+doubled; C to the rows actually written, rounded up to `CAPACITY_STEP`) when a pass needs
+more: a rare copy, never per round. `release` frees a slot; a `Slot` freed by the garbage collector frees itself.
 """
 
 from __future__ import annotations
@@ -73,23 +73,30 @@ class SlotPool:
         layers, hkv, d = self.shape
         old_slots, old_c = self.keys.shape[1], self.keys.shape[3]
         grown = []
-        for old in (self.keys, self.values):
-            new = torch.zeros((layers, slots, hkv, capacity, d), dtype=self.dtype, device=self.device)
-            new[:, :old_slots, :, :old_c] = old
-            grown.append(new)
+        with torch.inference_mode(False):  # plain tensors: a pass inside inference mode may grow the pool
+            for old in (self.keys, self.values):
+                new = torch.zeros((layers, slots, hkv, capacity, d), dtype=self.dtype, device=self.device)
+                new[:, :old_slots, :, :old_c] = old
+                grown.append(new)
         self.keys, self.values = grown
         self.in_use += [False] * (slots - old_slots)
 
     def acquire(self, capacity: int) -> Slot:
-        """A free slot for a request of up to `capacity` rows (the pool grows if it must)."""
+        """A free slot for a request of up to `capacity` rows (more slots if none is free;
+        columns are reserved as rows are written, `reserve`)."""
         if capacity < 1:
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
-        if capacity > self.capacity or all(self.in_use):
-            slots = self.num_slots * (2 if all(self.in_use) else 1)
-            self._resize(slots, max(self.capacity, -(-capacity // CAPACITY_STEP) * CAPACITY_STEP))
+        if all(self.in_use):
+            self._resize(self.num_slots * 2, self.capacity)
         index = self.in_use.index(False)
         self.in_use[index] = True
         return Slot(self, index, capacity)
+
+    def reserve(self, rows: int) -> None:
+        """At least `rows` columns C (rounded up to `CAPACITY_STEP`). C follows what is written,
+        not what requests may reach: every pass attends over all C columns."""
+        if rows > self.capacity:
+            self._resize(self.num_slots, -(-rows // CAPACITY_STEP) * CAPACITY_STEP)
 
     def _free_index(self, index: int) -> None:
         self.in_use[index] = False
