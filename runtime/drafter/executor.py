@@ -1,22 +1,19 @@
-"""Drafter executor: per-request feature caches and ONE drafter pass per round.
-
-Each request keeps its own feature cache (a `KVCache` of per-layer context K/V covering
-exactly its cache-backed prefix x, plus room for one scratch block); `append_context`
-adds the taps of newly committed positions x∘b∘y_1:A; `draft` scores the blocks
-[b_r, mask, …, mask] of all B requests at positions P_r..P_r+L in one batched forward
-(`DFlashDrafter.forward` over `RaggedCaches`). A single request is B = 1.
+"""Drafter executor (torch): every request's feature cache in one slot pool, ONE context
+pass and ONE block pass per round (`runtime.backends.pooled_drafter`, shared with the
+onnxruntime drafter). `append_context(s)` adds the taps of newly committed positions
+x∘b∘y_1:A; `draft` scores the blocks [b_r, mask, …, mask] of all B requests at positions
+P_r..P_r+L in one batched forward. A single request is B = 1.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
+import numpy as np
 import torch
 
-from runtime.batch_forward import RaggedCaches, RaggedTreeAttention
+from runtime.backends.pooled_drafter import PooledDrafter
 from runtime.drafter.model import DFlashDrafter
-from runtime.drafter.vocab import DraftHead, DraftScores
-from runtime.kv_cache import KVCache
+from runtime.model.batch_draft_graph import BatchDraftGraph
+from runtime.model.draft_graphs import ContextGraph
 from runtime.model.layers import Rotary
 from runtime.model.llama import LlamaTarget
 
@@ -31,46 +28,29 @@ def bind_to_target(drafter: DFlashDrafter, target: LlamaTarget) -> tuple[DFlashD
     return drafter.to(device=weight.device, dtype=weight.dtype), rotary
 
 
-class DrafterExecutor:
+class DrafterExecutor(PooledDrafter):
+    """The drafter's batched forwards in torch eager, on the target's device and dtype:
+    the same code onnxruntime runs exported (`runtime.backends.pooled_drafter`)."""
+
+    name = "torch"
+
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
-        self.drafter, self.rotary = bind_to_target(drafter, target)
-        cfg = self.drafter.config
-        self.device, self.dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
+        self.drafter, _ = bind_to_target(drafter, target)
         self.target = target
-        self.head = DraftHead(target.lm_head.weight, self.drafter.d2t)
-        self.tap_layer_ids = tuple(cfg.target_layer_ids)
-        self.num_draft_positions = cfg.num_draft_positions  # L
-        self.backend = RaggedTreeAttention()
-
-    @property
-    def mass_exponent(self) -> float:
-        return self.drafter.config.mass_exponent
-
-    def new_state(self, capacity: int) -> KVCache:
-        """An empty feature cache: `capacity` context rows plus one scratch block."""
-        cfg = self.drafter.config
-        rows = capacity + cfg.block_size
-        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, rows, self.dtype, self.device)
-
-    def append_context(self, state: KVCache, taps: torch.Tensor) -> None:
-        """taps: [m, F] target taps of the m newly committed positions, in order."""
-        positions = torch.arange(state.length, state.length + taps.shape[0], device=self.device)
-        self.drafter.append_context(taps, self.rotary(positions, self.dtype), state)
-
-    def draft(self, states: Sequence[KVCache], roots: Sequence[int]) -> torch.Tensor:
-        """Logits [B, L, V] of the marginals q_1..q_L of every request's block."""
-        return self.draft_scores(states, roots).full()
+        self._init_pool(self.drafter, target)
+        self.block = BatchDraftGraph(self.drafter, target)
+        self.context = ContextGraph(self.drafter, kv_layout="token")
 
     @torch.inference_mode()
-    def draft_scores(self, states: Sequence[KVCache], roots: Sequence[int]) -> DraftScores:
-        """The marginals q_1..q_L of every request's block, over the draft vocabulary [B, L, Vd]."""
-        cfg = self.drafter.config
-        B, S = len(roots), cfg.block_size
-        block = torch.full((B, S), cfg.mask_token_id, dtype=torch.int64, device=self.device)
-        block[:, 0] = torch.as_tensor(list(roots), dtype=torch.int64, device=self.device)
-        positions = torch.cat([torch.arange(s.length, s.length + S) for s in states]).to(self.device)  # [B*S]
-        caches = RaggedCaches(states, [S] * B)
-        prepared = self.backend.prepare_unmasked([S] * B)
-        hidden = self.drafter(self.target.embed(block.view(-1)), self.rotary(positions, self.dtype), caches,
-                              self.backend, prepared)  # [B*S, H]
-        return self.head.scores(hidden.view(B, S, -1)[:, 1:])
+    def _context(self, taps: np.ndarray, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.context(torch.from_numpy(taps).to(self.device, self.dtype), torch.from_numpy(positions).to(self.device))
+
+    @torch.inference_mode()
+    def _draft(self, inputs: dict[str, np.ndarray], lo: int, hi: int) -> torch.Tensor:
+        floor = torch.finfo(self.dtype).min  # the mask's fp32 minimum, kept finite in a narrower dtype
+        args = []
+        for name in self.block.input_names[:4]:
+            value = torch.from_numpy(inputs[name]).to(self.device)
+            args.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
+        pool = [*self.pool.keys[:, lo:hi].unbind(0), *self.pool.values[:, lo:hi].unbind(0)]  # per layer [S, Hkv, C, d]
+        return self.block(*args, *pool)

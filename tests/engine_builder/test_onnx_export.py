@@ -133,7 +133,8 @@ def test_draft_and_context_graphs_match_drafter_executor(tmp_path, draft_vocab):
     export_context(drafter, tmp_path / "context.onnx")
     export_draft(drafter, target, tmp_path / "draft.onnx")
     keys, values = run_ort(tmp_path / "context.onnx", {"taps": taps.numpy(), "position_ids": np.arange(13)})
-    np.testing.assert_allclose(keys, cache.k[:, :, :13].transpose(1, 2).numpy(), atol=ATOL, rtol=0)
+    committed = draft.pool.committed(cache)[0]  # [13, layers, Hkv, d]
+    np.testing.assert_allclose(keys, committed.transpose(1, 0, 2, 3), atol=ATOL, rtol=0)
     block = np.array([9] + [drafter.config.mask_token_id] * 4)
     (logits,) = run_ort(tmp_path / "draft.onnx", {
         "block_ids": block, "position_ids": np.arange(13, 18), "context_keys": keys, "context_values": values})

@@ -149,7 +149,6 @@ def test_batched_draft_equals_one_drafter_call_per_request(target, drafter):
     out = batched.draft(states, roots)  # [B, L, V]
     want = torch.cat([batched.draft([s], [r]) for s, r in zip(singles, roots)])  # B = 1 each
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    assert all(isinstance(s, KVCache) for s in states)
 
 
 def test_continuous_batching_requests_join_and_leave_between_rounds(target, drafter):
