@@ -125,3 +125,23 @@ def test_greedy_engine_on_onnxruntime_target_and_drafter_reproduces_ar(model, ca
     ar = _generate(model, None, PROMPTS, "ar")
     assert _generate(target, drafter, PROMPTS[:1], method, budget) == ar[:1]  # B = 1
     assert _generate(target, drafter, PROMPTS, method, budget) == ar  # B = 4, ragged
+
+
+def test_a_mixed_batch_of_16_on_onnxruntime_equals_each_request_decoded_alone(model, cache_dir):
+    """ar / chain / cast:N / auto (a shared best-first budget) in one batch, requests joining
+    while others run: every greedy output equals its prompt decoded alone by torch fp32 AR."""
+    from runtime.engine.trees import MeanBudget
+
+    drafter = drafters(model, cache_dir, DRAFT_IDS)[0]
+    target = OrtTarget(model, drafter.tap_layer_ids, threads=1, cache_dir=cache_dir)
+    gen = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, VOCAB, (int(n),), generator=gen).tolist() for n in torch.randint(1, 12, (16,))]
+    methods = [("ar", None), ("chain", None), ("cast", 3), ("cast", 15), ("cast", "auto")] * 4
+    engine = LLMEngine(target, drafter, spec=SpecConfig(method="cast", draft_gate=False), width=lambda _: MeanBudget(4))
+    seqs = [engine.add_request(Request(p, 24, method=m, budget=b)) for p, (m, b) in zip(prompts[:10], methods)]
+    engine.step()
+    seqs += [engine.add_request(Request(p, 24, method=m, budget=b)) for p, (m, b) in zip(prompts[10:], methods[10:])]
+    while engine.active:
+        engine.step()
+    alone = [_generate(model, None, [tuple(p)], "ar", max_new=24)[0] for p in prompts]  # B = 1 each, torch
+    assert [s.tokens for s in seqs] == alone
