@@ -7,8 +7,9 @@ onnxruntime runs; custom-node flavour `verify_plugin.onnx`, for TensorRT), the d
 `draft.onnx` + `context.onnx`, the AOT PTX of the tree-attention kernel for the SKU's
 arch (`plugin/`), and `manifest.json` (SKU, buckets, one optimization profile per
 bucket, files, versions, plugin archs). Engines are built only where TensorRT imports;
-else `BuildResult.engines_built` is False and `message` says why. Batch of one request
-(the executor's contract); a ragged multi-request graph is not exported yet.
+else `BuildResult.engines_built` is False and `message` says why. The TensorRT-facing
+graphs are single-request; the runtime's batched graphs (one pass over every request) go
+to `onnxruntime/` for fp32 SKUs, and `--engine DIR` runs them (`runtime.engine.engine_dir`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,29 @@ def plugin_ptx(spec: SkuSpec, target: LlamaTarget, words: int, out: Path) -> dic
     return record
 
 
+def runtime_graphs(spec: SkuSpec, target: LlamaTarget, drafter, taps, out: Path,
+                   progress: Callable[[str], None]) -> dict[str, Any]:
+    """The graphs `--engine DIR` runs (`runtime.engine.engine_dir`): the runtime's own batched
+    verify, draft and context graphs, exported into DIR/onnxruntime (fp32 SKUs: onnxruntime
+    runs fp32 on the CPU)."""
+    if spec.dtype != "float32":
+        return {"backend": None, "note": f"SKU {spec.name} builds {spec.dtype}; the onnxruntime runtime runs fp32 "
+                                         "(build --sku cpu for a directory --engine runs)"}
+    from runtime.backends.onnx_cache import model_identity, verify_graph_path
+    from runtime.backends.ort_drafter import drafter_graph_paths, drafter_identity
+    from runtime.drafter.executor import bind_to_target
+    from runtime.engine.engine_dir import RUNTIME_FOLDER, runtime_record
+
+    folder = out / RUNTIME_FOLDER
+    progress("exporting the runtime's batched graphs (what --engine runs)")
+    verify_graph_path(target, taps, folder)
+    bound = None if drafter is None else bind_to_target(drafter, target)[0]
+    if bound is not None:
+        drafter_graph_paths(bound, target, folder)
+    return runtime_record(folder, model_identity(target, taps),
+                          None if bound is None else f"drafter-{drafter_identity(bound, target)}")
+
+
 def _versions() -> dict[str, str | None]:
     out = {}
     for package in ("cast-trtllm", "torch", "onnx", "onnxruntime", "triton", "tensorrt"):
@@ -144,6 +168,8 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
                   "context": {"m": {"min": 1, "opt": block, "max": prefix_max}}}
         profiles.update({name: [{**dims, "shapes": ox.profile_shapes(dims, graphs[name]["inputs"])}]
                          for name, dims in ranges.items()})
+    runtime = (runtime_graphs(spec, target, drafter, taps, out, progress) if cfg.num_layers == full_layers else
+               {"backend": None, "note": f"a smoke build of {cfg.num_layers} of {full_layers} layers runs nowhere"})
     progress("plugin: ahead-of-time PTX of the tree-attention kernel for the SKU arch")
     manifest = {
         "manifest_version": MANIFEST_VERSION,
@@ -160,6 +186,7 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
         "mask_words": words,
         "kv_layout": "[layers, tokens, kv_heads, head_dim]",
         "graphs": graphs,
+        "runtime": runtime,
         "optimization_profiles": profiles,
         "plugin": plugin_ptx(spec, target, words, out),
         "versions": _versions(),

@@ -40,6 +40,9 @@ _MODEL_OPTIONS = [
                  show_default=True, help="Model dtype (auto: the checkpoint's own; the embedded GGUF is float32)."),
     click.option("--threads", type=click.IntRange(min=1), default=None,
                  help="torch CPU threads (default: torch's choice)."),
+    click.option("--engine", "engine_dir", type=click.Path(file_okay=False), default=None,
+                 help="Run a built engine directory (`cast-trtllm build --sku cpu --out DIR`): its onnxruntime "
+                      "graphs, checked against --target/--drafter; nothing is exported."),
 ]
 
 _SPEC_OPTIONS = [
@@ -81,11 +84,13 @@ class EngineOptions:
     threads: int | None
     spec: SpecConfig
     expect_drafter: dict[str, Any] | None = None
+    engine_dir: str | None = None
 
 
 def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, method=None,
                    budget=None, rank_cap=None, width_profile=None, width_rule=None, draft_gate=None,
-                   llm_api_options=None, base: SpecConfig = SpecConfig(), quiet: bool = False) -> EngineOptions:
+                   llm_api_options=None, base: SpecConfig = SpecConfig(), quiet: bool = False,
+                   engine_dir: str | None = None) -> EngineOptions:
     """Flags (+ YAML) -> validated options; bad values raise click.BadParameter."""
     try:
         spec = base.with_overrides(method=method, budget=budget, rank_cap=rank_cap, width_profile=width_profile,
@@ -108,7 +113,7 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
         expect = opts.expect_drafter
     if spec.method == "ar" and drafter == "default":
         drafter = "none"
-    return EngineOptions(target, drafter, device, None if dtype == "auto" else dtype, threads, spec, expect)
+    return EngineOptions(target, drafter, device, None if dtype == "auto" else dtype, threads, spec, expect, engine_dir)
 
 
 def engine_from_options(opts: EngineOptions):
@@ -117,7 +122,8 @@ def engine_from_options(opts: EngineOptions):
     from runtime.engine.build import build_engine
 
     try:
-        built = build_engine(opts.target, opts.drafter, opts.spec, opts.device, opts.dtype, opts.threads)
+        built = build_engine(opts.target, opts.drafter, opts.spec, opts.device, opts.dtype, opts.threads,
+                             engine_dir=opts.engine_dir)
     except EmbeddedModelMissing as err:
         raise click.ClickException(str(err)) from err
     except ValueError as err:

@@ -61,14 +61,27 @@ def onnx_root(cache_dir: str | Path | None) -> Path:
     return Path(cache_dir)
 
 
-def export_once(folder: Path, files: Sequence[str], what: str, write: Callable[[Path], None]) -> tuple[Path, ...]:
-    """`folder/files`, written by `write(scratch_folder)` on first use.
+class MissingGraphs(ValueError):
+    """A built engine directory has no graphs for the loaded checkpoint."""
+
+
+def export_once(folder: Path, files: Sequence[str], what: str, write: Callable[[Path], None],
+                export: bool = True) -> tuple[Path, ...]:
+    """`folder/files`, written by `write(scratch_folder)` on first use (`export=False`: an
+    engine directory, which is only read: raise `MissingGraphs` instead).
 
     The export goes to a private folder that is then renamed, so a concurrent exporter
     never sees half a file (if another process finished first, its export is the same)."""
     paths = tuple(folder / f for f in files)
     if all(p.is_file() for p in paths):
         return paths
+    if not export:
+        have = sorted(p.name for p in folder.parent.iterdir() if p.is_dir()) if folder.parent.is_dir() else []
+        raise MissingGraphs(
+            f"{folder.parent} does not hold {what} for the loaded checkpoint (identity {folder.name}; it holds "
+            f"{have or 'nothing'}): it was built from other weights, another drafter or another graph version. "
+            f"Rebuild it with `cast-trtllm build --sku cpu --target ... --drafter ... --out {folder.parent.parent}`, "
+            f"or run without --engine")
     scratch = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"[ort] exporting {what} to {folder} (first use)", file=sys.stderr, flush=True)
@@ -93,11 +106,14 @@ def model_identity(model: LlamaTarget, tap_layer_ids: Sequence[int]) -> str:
     return digest.hexdigest()[:16]
 
 
-def verify_graph_path(model: LlamaTarget, tap_layer_ids: Sequence[int], cache_dir: str | Path | None = None) -> Path:
-    """The exported verify graph of `model`, exporting it first if this identity has none."""
+def verify_graph_path(model: LlamaTarget, tap_layer_ids: Sequence[int], cache_dir: str | Path | None = None,
+                      export: bool = True) -> Path:
+    """The exported verify graph of `model`, exporting it first if this identity has none
+    (`export=False`: a built engine's folder, read only)."""
     folder = onnx_root(cache_dir) / model_identity(model, tap_layer_ids)
 
     def write(scratch: Path) -> None:
         batch_graph.export_batch_verify_graph(batch_graph.BatchVerifyGraph(model, tap_layer_ids), scratch / GRAPH_FILE)
 
-    return export_once(folder, (GRAPH_FILE,), f"the verify graph ({model.config.num_layers} layers)", write)[0]
+    return export_once(folder, (GRAPH_FILE,), f"the verify graph ({model.config.num_layers} layers)", write,
+                       export)[0]

@@ -48,9 +48,10 @@ def drafter_identity(drafter: DFlashDrafter, target: LlamaTarget) -> str:
     return digest.hexdigest()[:16]
 
 
-def drafter_graph_paths(drafter: DFlashDrafter, target: LlamaTarget, cache_dir: str | Path | None = None
-                        ) -> tuple[Path, Path]:
-    """(draft, context) graphs of this drafter over `target`, exporting them on first use."""
+def drafter_graph_paths(drafter: DFlashDrafter, target: LlamaTarget, cache_dir: str | Path | None = None,
+                        export: bool = True) -> tuple[Path, Path]:
+    """(draft, context) graphs of this drafter over `target`, exporting them on first use
+    (`export=False`: a built engine's folder, read only)."""
     folder = onnx_root(cache_dir) / f"drafter-{drafter_identity(drafter, target)}"
 
     def write(scratch: Path) -> None:
@@ -58,7 +59,7 @@ def drafter_graph_paths(drafter: DFlashDrafter, target: LlamaTarget, cache_dir: 
                                                    scratch / DRAFT_FILE)
         draft_graphs.export_context_graph(draft_graphs.ContextGraph(drafter, kv_layout="token"), scratch / CONTEXT_FILE)
 
-    return export_once(folder, (DRAFT_FILE, CONTEXT_FILE), "the drafter's graphs", write)
+    return export_once(folder, (DRAFT_FILE, CONTEXT_FILE), "the drafter's graphs", write, export)
 
 
 class OrtDrafter(PooledDrafter):
@@ -66,14 +67,15 @@ class OrtDrafter(PooledDrafter):
 
     drafter, target: the torch modules (the target fp32 on CPU; its embeddings and lm_head
       are the drafter's); threads: onnxruntime intra-op threads (default: torch's);
-    cache_dir: where exported graphs live (default $CAST_CACHE_DIR/onnx);
+    cache_dir: where exported graphs live (default $CAST_CACHE_DIR/onnx; a built engine's
+      `onnxruntime/` folder with export=False, which only reads it);
     spinning: let idle intra-op workers spin-wait (off: the target runs between passes).
     """
 
     name = "onnxruntime"
 
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget, threads: int | None = None,
-                 cache_dir: str | Path | None = None, spinning: bool = False) -> None:
+                 cache_dir: str | Path | None = None, spinning: bool = False, export: bool = True) -> None:
         import onnxruntime as ort
 
         weight = target.lm_head.weight
@@ -88,7 +90,7 @@ class OrtDrafter(PooledDrafter):
         self.threads = threads
         options = session_options(threads, spinning)
         start = time.perf_counter()
-        draft_path, context_path = drafter_graph_paths(drafter, target, cache_dir)
+        draft_path, context_path = drafter_graph_paths(drafter, target, cache_dir, export)
         providers = ["CPUExecutionProvider"]
         self.draft_session = ort.InferenceSession(str(draft_path), options, providers=providers)
         self.context_session = ort.InferenceSession(str(context_path), options, providers=providers)

@@ -31,7 +31,8 @@ class OrtTarget(PooledTarget):
     model: the fp32 torch target (kept: the drafter reads its embeddings and lm_head);
     tap_layer_ids: the drafter's tapped layers (they are graph outputs, so part of the export);
     threads: onnxruntime intra-op threads (default: torch's thread count);
-    cache_dir: where exported graphs live (default $CAST_CACHE_DIR/onnx);
+    cache_dir: where exported graphs live (default $CAST_CACHE_DIR/onnx; a built engine's
+      `onnxruntime/` folder with export=False, which only reads it);
     spinning: let idle intra-op workers spin-wait for the next pass. Off by default: in the
       engine the torch drafter runs between two verify passes, and spinning workers take its
       cores (embedded target, 2 cores, CAST N = 15: draft 2.1 s vs 0.9 s, 21 vs 31 tokens/s).
@@ -40,7 +41,7 @@ class OrtTarget(PooledTarget):
     name = "onnxruntime"
 
     def __init__(self, model: LlamaTarget, tap_layer_ids: Sequence[int] = (), threads: int | None = None,
-                 cache_dir: str | Path | None = None, spinning: bool = False) -> None:
+                 cache_dir: str | Path | None = None, spinning: bool = False, export: bool = True) -> None:
         import onnxruntime as ort
 
         weight = model.lm_head.weight
@@ -57,7 +58,7 @@ class OrtTarget(PooledTarget):
         self.model, self.config = model, cfg
         self.tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
         self.device, self.dtype, self.threads = torch.device("cpu"), torch.float32, threads
-        path = verify_graph_path(model, self.tap_layer_ids, cache_dir)
+        path = verify_graph_path(model, self.tap_layer_ids, cache_dir, export)
         options = session_options(threads, spinning)
         start = time.perf_counter()
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -92,23 +92,25 @@ def candidates(device: torch.device) -> list[tuple[str, str, int]]:
     return out + ([("onnxruntime", "float32", t) for t in threads] if _ort_version() else [])
 
 
-def make_backend(name: str, model: Any, tap_layer_ids: tuple[int, ...], threads: int) -> Any:
-    """The target backend `name` over `model` (runtime.engine.backend contract)."""
+def make_backend(name: str, model: Any, tap_layer_ids: tuple[int, ...], threads: int,
+                 graphs: Path | None = None) -> Any:
+    """The target backend `name` over `model` (runtime.engine.backend contract); `graphs`:
+    a built engine's onnxruntime folder to run from (read only) instead of the export cache."""
     from runtime.engine.backend import TorchTarget
 
     if name == "onnxruntime":
         from runtime.backends.ort_target import OrtTarget
 
-        return OrtTarget(model, tap_layer_ids, threads=threads)
+        return OrtTarget(model, tap_layer_ids, threads=threads, cache_dir=graphs, export=graphs is None)
     return TorchTarget(model, tap_layer_ids)
 
 
-def make_drafter(name: str, drafter: Any, model: Any, threads: int) -> Any:
+def make_drafter(name: str, drafter: Any, model: Any, threads: int, graphs: Path | None = None) -> Any:
     """The drafter executor that goes with target backend `name` (same interface)."""
     if name == "onnxruntime":
         from runtime.backends.ort_drafter import OrtDrafter
 
-        return OrtDrafter(drafter, model, threads=threads)
+        return OrtDrafter(drafter, model, threads=threads, cache_dir=graphs, export=graphs is None)
     from runtime.drafter.executor import DrafterExecutor
 
     return DrafterExecutor(drafter, model)

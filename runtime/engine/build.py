@@ -15,6 +15,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -127,19 +128,29 @@ def _stderr(message: str) -> None:
 
 def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecConfig = SpecConfig(),
                  device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
-                 threads: int | None = None, say=_stderr) -> Built:
+                 threads: int | None = None, say=_stderr, engine_dir: str | Path | None = None) -> Built:
     """Load the models once and build the engine every command runs.
 
     dtype None/"auto" on a CPU: the fastest (dtype, threads) measured for this model on
     this machine, from the cache or a first-use probe (`say` reports which, and why).
+    engine_dir: a built engine directory to run (`runtime.engine.engine_dir`): its
+    onnxruntime graphs, fp32 on the CPU, checked against the loaded checkpoints.
     """
     from runtime.device import device_name
     from runtime.engine import autoconfig
     from runtime.loader import load_models
 
+    graphs = None
+    if engine_dir is not None:
+        from runtime.engine.engine_dir import runtime_graphs
+
+        graphs, _ = runtime_graphs(engine_dir)
+        if resolve_device(device).type != "cpu" or dtype not in (None, "auto", "float32", torch.float32):
+            raise ValueError(f"--engine {engine_dir} runs onnxruntime fp32 graphs on the CPU; drop --device/--dtype")
+        device, dtype = "cpu", "float32"
     dev = resolve_device(device)
     auto = dtype in (None, "auto") and dev.type == "cpu"
-    choice, execution = None, "as asked"
+    choice, execution = None, "as asked" if graphs is None else f"engine directory {engine_dir}"
     if auto:
         key = autoconfig.cache_key(device_name(dev), target)
         choice = autoconfig.cached_choice(key)
@@ -160,12 +171,14 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
     if choice is not None and threads is None:
         torch.set_num_threads(choice.threads)
     backend = "torch" if choice is None else choice.backend
-    if auto:
+    if graphs is not None:
+        backend = "onnxruntime"
+    if auto or graphs is not None:
         say(f"execution: {backend} {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
             f"({execution})")
-    target = autoconfig.make_backend(backend, models.target, taps, torch.get_num_threads())
+    target = autoconfig.make_backend(backend, models.target, taps, torch.get_num_threads(), graphs)
     draft = None if models.drafter is None else autoconfig.make_drafter(backend, models.drafter, models.target,
-                                                                          torch.get_num_threads())
+                                                                          torch.get_num_threads(), graphs)
     width, path, cost = None, None, None
     if draft is not None and spec.width_rule == "marginal":
         width, path = width_source(spec, models.name, models.dtype, dev, draft.mass_exponent)

@@ -53,7 +53,8 @@ def serving_config(max_batch: int, max_queue: int, max_tokens_limit: int, defaul
         spec = spec.with_overrides(width_profile=_absolute(spec.width_profile))
     try:
         return ServingConfig(target=target, drafter=drafter, device=opts.device, dtype=opts.dtype or "auto",
-                             threads=opts.threads or 0, chat=chat, spec=spec, max_batch=max_batch,
+                             threads=opts.threads or 0, engine_dir=_absolute(opts.engine_dir) if opts.engine_dir else "",
+                             chat=chat, spec=spec, max_batch=max_batch,
                              max_queue=max_queue, max_tokens_limit=max_tokens_limit,
                              default_max_tokens=default_max_tokens, request_timeout_s=request_timeout_s,
                              shutdown_grace_s=shutdown_grace_s)

@@ -25,6 +25,7 @@ class ServingConfig:
     device: str = "auto"
     dtype: str = "auto"
     threads: int = 0  # torch CPU threads; 0 = torch's choice
+    engine_dir: str = ""  # a built engine directory to run (`--engine`); "" = export on first use
     chat: bool = True  # wrap text_input in the tokenizer's chat template
     spec: SpecConfig = field(default_factory=SpecConfig)
     # server limits

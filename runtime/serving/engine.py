@@ -22,6 +22,6 @@ def build_engine(cfg: ServingConfig) -> ServingEngine:
     from runtime.engine.build import build_engine as build
 
     built = build(cfg.target, cfg.drafter, cfg.spec, cfg.device, None if cfg.dtype == "auto" else cfg.dtype,
-                  cfg.threads or None)
+                  cfg.threads or None, engine_dir=cfg.engine_dir or None)
     return ServingEngine(built.engine, built.models.tokenizer, lambda text: built.encode(text, cfg.chat),
                          built.models.name)
