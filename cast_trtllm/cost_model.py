@@ -276,14 +276,17 @@ def typical(readings: Sequence[float]) -> float:
     return sorted(readings)[(len(readings) - 1) // 4]
 
 
-def cost_cache_key(device_name: str, backend: str, dtype: str, threads: int, target_name: str) -> str:
-    """One file name per machine and configuration, e.g. `cpu-amd-epyc__sdpa__float32__t2__smollm2-135m`."""
+def cost_cache_key(device_name: str, backend: str, dtype: str, threads: int, target_name: str,
+                   drafter: str) -> str:
+    """One file name per machine, configuration and head, e.g.
+    `cpu-amd-epyc__onnxruntime__float32__t2__smollm2-135m__head-1a2b3c4d` (`drafter`: the
+    head's identity: another head accepts differently, so its draft costs and table differ)."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    slugs = ["-".join("".join(c if c.isalnum() else " " for c in str(p).lower()).split())
-             for p in (device_name, backend, dtype, f"t{threads}", target_name)]
+    parts = (device_name, backend, dtype, f"t{threads}", target_name, drafter)
+    slugs = ["-".join("".join(c if c.isalnum() else " " for c in str(p).lower()).split()) for p in parts]
     if not all(slugs):
-        raise ValueError(f"every cache key part needs a letter or digit, got {(device_name, backend, dtype, target_name)}")
+        raise ValueError(f"every cache key part needs a letter or digit, got {parts}")
     return "__".join(slugs)
 
 

@@ -38,7 +38,7 @@ def build_variant(text: str, built: Any) -> Variant:
     """The engine of variant `text` next to `built` (runtime.engine.build.Built)."""
     from runtime.engine import LLMEngine
     from runtime.engine.autoconfig import make_backend, make_drafter
-    from runtime.engine.build import online_cost
+    from runtime.engine.build import drafter_identity, online_cost
 
     kind, threads = VARIANT.match(check_variant(text)).groups()
     threads = int(threads) if threads else None
@@ -57,7 +57,8 @@ def build_variant(text: str, built: Any) -> Variant:
         torch.set_num_threads(threads or previous)
         try:
             cost, _, _ = online_cost(base.spec, built.models.name, dtype, built.device, backend.name,
-                                     drafter.mass_exponent, base.spec.max_nodes(drafter.num_draft_positions), None)
+                                     drafter.mass_exponent, base.spec.max_nodes(drafter.num_draft_positions), None,
+                                     drafter_identity(built.models.drafter))
         finally:
             torch.set_num_threads(previous)
         width = lambda prefix_len: cost

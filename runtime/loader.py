@@ -19,7 +19,6 @@ behind the caller's back.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,9 +89,9 @@ def load_hf_checkpoint(
     """The HF model and tokenizer `--target` names, read once in the resolved dtype, offline."""
     asked = _asked_dtype(dtype)
     directory, gguf_file, source = _locate(target)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    # offline where the loader reads (local_files_only on every read), not for the whole process
     files = {"local_files_only": True} | ({"gguf_file": gguf_file} if gguf_file else {})
     config = AutoConfig.from_pretrained(directory, **files)
     TargetConfig.from_hf(config)  # refuses other families / features before the weights are read

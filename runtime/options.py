@@ -129,7 +129,7 @@ def engine_from_options(opts: EngineOptions):
     except ValueError as err:
         raise click.ClickException(str(err)) from err
     if opts.expect_drafter and built.engine.drafter is not None:
-        cfg = built.engine.drafter.drafter.config
+        cfg = built.engine.drafter.config  # every drafter executor's (torch and onnxruntime: PooledDrafter)
         have = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
         for key, want in opts.expect_drafter.items():
             if have[key] != want:

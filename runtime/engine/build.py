@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -92,8 +93,17 @@ def width_source(spec: SpecConfig, target_name: str, dtype: torch.dtype, device:
     return (lambda prefix_len: for_bucket(profile.prefix_bucket(prefix_len))), path
 
 
+def drafter_identity(drafter: torch.nn.Module) -> str:
+    """`head-` + 8 hex digits of the drafter's config and a strided sample of its weights."""
+    from runtime.backends.onnx_cache import hash_weights
+
+    digest = hashlib.sha256(repr(drafter.config).encode())
+    hash_weights(digest, drafter)
+    return "head-" + digest.hexdigest()[:8]
+
+
 def online_cost(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: torch.device, backend: str,
-                mass_exponent: float, max_budget: int, probe_ms: dict[str, float] | None):
+                mass_exponent: float, max_budget: int, probe_ms: dict[str, float] | None, drafter: str):
     """The live cost curve of `auto` (table rule): the cached model learned on this machine
     and configuration, else a new one whose prior is this run's first-use probe, else the
     named or nearest profile. Returns (model, cache path, where the prior came from)."""
@@ -101,7 +111,7 @@ def online_cost(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: 
     from runtime.device import device_name
 
     key = cost_cache_key(device_name(device), backend, str(dtype).removeprefix("torch."), torch.get_num_threads(),
-                         target_name)
+                         target_name, drafter)
     path = default_cache_dir() / f"{key}.json"
     knobs = {"mass_exponent": mass_exponent, "rank_cap": spec.rank_cap,
              "max_budget": min(max_budget, DEFAULT_BUCKETS[-1] - 1)}
@@ -185,7 +195,8 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
     elif draft is not None:
         probe = None if choice is None else choice.measured_ms.get(f"{backend}/{choice.dtype}/{torch.get_num_threads()}")
         cost, cache, source = online_cost(spec, models.name, models.dtype, dev, backend, draft.mass_exponent,
-                                          spec.max_nodes(draft.num_draft_positions), probe)
+                                          spec.max_nodes(draft.num_draft_positions), probe,
+                                          drafter_identity(models.drafter))
         atexit.register(_save_quietly, cost, cache)
         width, path = (lambda prefix_len: cost), f"online cost model; prior: {source}"
     engine = LLMEngine(target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)

@@ -68,7 +68,8 @@ class LLMEngine:
         return self.target.config.context_window
 
     # ------------------------------------------------------------------ join
-    def _resolve(self, req: Request) -> tuple[str, int | str]:
+    def check_request(self, req: Request) -> tuple[str, int | str]:
+        """(method, budget) this engine runs `req` with; ValueError saying what to fix if it cannot."""
         method = req.method or self.spec.method
         budget = self.spec.budget if req.budget is None else req.budget
         if method != "ar":
@@ -87,7 +88,7 @@ class LLMEngine:
 
     def add_request(self, req: Request) -> Sequence:
         """Prefill a request and emit its first token (its first pending root)."""
-        method, budget = self._resolve(req)
+        method, budget = self.check_request(req)
         window = self.context_window
         n = len(req.prompt_ids)
         if n >= window:

@@ -23,6 +23,7 @@ from torch import nn
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead
 from runtime.model.batch_graph import padded, pool_input_names, slot_attention
+from runtime.model.draft_graphs import check_shares_embeddings
 from runtime.model.graphs import export_onnx, lm_head, rope_rows
 from runtime.model.layers import apply_rope
 from runtime.model.llama import LlamaTarget
@@ -33,12 +34,9 @@ MASKED = float(np.finfo(np.float32).min)
 class BatchDraftGraph(nn.Module):
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
         super().__init__()
-        d, t = drafter.config, target.config
-        if (d.vocab_size, d.hidden_size) != (t.vocab_size, t.hidden_size):  # layer taps: checked at load
-            raise ValueError(f"drafter (vocab {d.vocab_size}, hidden {d.hidden_size}) does not fit the target "
-                             f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
-        self.drafter, self.target, self.rotary = drafter, target, d.rotary()
-        self.scale = d.head_dim ** -0.5
+        check_shares_embeddings(drafter, target)
+        self.drafter, self.target, self.rotary = drafter, target, drafter.config.rotary()
+        self.scale = drafter.config.head_dim ** -0.5
         self.head = None if drafter.d2t is None else DraftHead(target.lm_head.weight, drafter.d2t)
 
     @property

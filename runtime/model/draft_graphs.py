@@ -41,6 +41,15 @@ def _kv_axis(kv_layout: KVLayout) -> int:
     return 0 if kv_layout == "layer" else 1  # axis of `layers` in the context K/V
 
 
+def check_shares_embeddings(drafter: DFlashDrafter, target: LlamaTarget) -> None:
+    """The drafter reads the target's embeddings and lm_head: vocab and hidden size must match
+    (its tapped layers are checked at load)."""
+    d, t = drafter.config, target.config
+    if (d.vocab_size, d.hidden_size) != (t.vocab_size, t.hidden_size):
+        raise ValueError(f"drafter (vocab {d.vocab_size}, hidden {d.hidden_size}) does not fit the target "
+                         f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
+
+
 class DraftGraph(nn.Module):
     """inputs: block_ids [L+1] int64 ([b, mask, ...]), position_ids [L+1] int64,
     context_keys, context_values (see `kv_layout`); output: logits [L, V], -inf outside a
@@ -50,13 +59,10 @@ class DraftGraph(nn.Module):
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget, kv_layout: KVLayout = "layer",
                  draft_vocab_logits: bool = False, shared_head: bool = True) -> None:
         super().__init__()
-        d, t = drafter.config, target.config
-        if (d.vocab_size, d.hidden_size) != (t.vocab_size, t.hidden_size):  # layer taps: checked at load
-            raise ValueError(f"drafter (vocab {d.vocab_size}, hidden {d.hidden_size}) does not fit the target "
-                             f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
-        self.drafter, self.target, self.rotary = drafter, target, d.rotary()
+        check_shares_embeddings(drafter, target)
+        self.drafter, self.target, self.rotary = drafter, target, drafter.config.rotary()
         self.kv_axis, self.draft_vocab_logits, self.shared_head = _kv_axis(kv_layout), draft_vocab_logits, shared_head
-        self.scale = d.head_dim ** -0.5
+        self.scale = drafter.config.head_dim ** -0.5
         # a reduced draft vocabulary scores only its rows of the lm_head
         self.head = None if drafter.d2t is None else DraftHead(target.lm_head.weight, drafter.d2t)
 

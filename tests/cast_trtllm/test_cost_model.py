@@ -176,9 +176,10 @@ def test_a_broken_cache_file_names_the_field(tmp_path, edit, message):
 
 
 def test_cache_key_names_machine_and_configuration_and_the_dir_follows_the_env(monkeypatch, tmp_path):
-    key = cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 2, "SmolLM2-135M-Instruct")
-    assert key == "cpu-amd-epyc__sdpa__float32__t2__smollm2-135m-instruct"
-    assert key != cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 1, "SmolLM2-135M-Instruct")
+    key = cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 2, "SmolLM2-135M-Instruct", "head-1a2b")
+    assert key == "cpu-amd-epyc__sdpa__float32__t2__smollm2-135m-instruct__head-1a2b"
+    assert key != cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 1, "SmolLM2-135M-Instruct", "head-1a2b")
+    assert key != cost_cache_key("cpu (AMD EPYC)", "sdpa", "float32", 2, "SmolLM2-135M-Instruct", "head-9f9f")
     monkeypatch.setenv("CAST_CACHE_DIR", str(tmp_path))
     assert default_cache_dir() == tmp_path / "cost"
     monkeypatch.delenv("CAST_CACHE_DIR")
@@ -192,8 +193,20 @@ def test_cache_key_names_machine_and_configuration_and_the_dir_follows_the_env(m
     (lambda: OnlineCostModel(max_budget=500), "widest bucket"),
     (lambda: OnlineCostModel().observe_verify(2, 10.0, batch=4), ">= 1 token per request"),
     (lambda: OnlineCostModel().observe_verify(8, float("nan")), "expected ms > 0"),
-    (lambda: cost_cache_key("", "sdpa", "float32", 2, "t"), "letter or digit"),
+    (lambda: cost_cache_key("", "sdpa", "float32", 2, "t", "head-1"), "letter or digit"),
 ])
 def test_bad_input_raises_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_learned_table_of_one_head_is_not_reused_for_another():
+    """The cache key carries the drafter's identity: another head (other weights) learns its own table."""
+    from runtime.drafter import random_drafter
+    from runtime.engine.build import drafter_identity
+    from tests.runtime.doubles import random_target
+
+    cfg = random_target(seed=1, vocab_size=64).config
+    one, other = (random_drafter(cfg, block_size=4, seed=s) for s in (1, 2))
+    assert drafter_identity(one) == drafter_identity(random_drafter(cfg, block_size=4, seed=1))
+    assert drafter_identity(one) != drafter_identity(other)

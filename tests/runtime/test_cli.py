@@ -147,7 +147,10 @@ def test_help_documents_every_flag():
         assert flag in text, flag
 
 
-def test_trtllm_dflash_yaml_runs_generate_as_the_chain(run, tmp_path):
+@pytest.mark.parametrize("pinned", [("--dtype", "float32"), ()], ids=["torch-fp32", "default-execution"])
+def test_trtllm_dflash_yaml_runs_generate_as_the_chain(run, tmp_path, pinned):
+    """On the pinned fp32 reference and on whatever autoconfig picks (onnxruntime here: the
+    YAML's drafter check once crashed there, reading an attribute only the torch executor had)."""
     from runtime.drafter import DEFAULT_DRAFTER
     from runtime.drafter.config import DrafterConfig
 
@@ -158,7 +161,7 @@ def test_trtllm_dflash_yaml_runs_generate_as_the_chain(run, tmp_path):
         f"  speculative_model: {DEFAULT_DRAFTER}\n  mask_token_id: {cfg.mask_token_id}\n"
         f"  target_layer_ids: {list(cfg.target_layer_ids)}\n  acceptance_rate_threshold: 0.1\n"
         "  acceptance_rate_window_size: 8\n  max_concurrency: 32\n")
-    result = run("--prompt", "Count: 1, 2, 3,", "--no-chat", "--max-new-tokens", "8", "--json", "--dtype", "float32",
+    result = run("--prompt", "Count: 1, 2, 3,", "--no-chat", "--max-new-tokens", "8", "--json", *pinned,
                  "--extra-llm-api-options", str(path))
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["method"] == "chain"

@@ -153,3 +153,15 @@ def test_embedded_target_gets_the_shipped_head(embedded_checkpoint):
     assert loaded.drafter.config == DrafterConfig.load(DEFAULT_DRAFTER)
     assert loaded.target.config.rope_theta == loaded.drafter.config.rope_theta == 100_000.0
     assert loaded.tokenizer.eos_token_id in loaded.eos_token_ids
+
+
+def test_loading_reads_offline_without_turning_the_process_offline(tmp_path, monkeypatch):
+    """Every read passes local_files_only; HF_HUB_OFFLINE is left as the caller had it."""
+    import os
+
+    from runtime.loader import load_hf_checkpoint
+    from tests.runtime.hf_checkpoints import write_tiny_checkpoint
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    load_hf_checkpoint(str(write_tiny_checkpoint("llama", tmp_path / "llama")))
+    assert "HF_HUB_OFFLINE" not in os.environ

@@ -2,11 +2,13 @@
 
 SIGTERM / Ctrl-C: admission stops at once (new requests get 503, queued ones fail with
 503), in-flight requests get `shutdown_grace_s` to finish and are then failed, and the
-process exits when every response is complete.
+process exits when every response is complete: with status 0 after SIGTERM (an orderly
+stop for a process manager), by the signal after Ctrl-C.
 """
 
 from __future__ import annotations
 
+import signal
 from types import FrameType
 
 import uvicorn
@@ -28,6 +30,8 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.service.begin_shutdown()
         super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:  # a drained SIGTERM is an orderly stop: exit 0, not re-raised (143)
+            self._captured_signals.remove(sig)
 
 
 def build_service(cfg: ServingConfig, model_name: str | None = None) -> Service:

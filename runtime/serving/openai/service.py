@@ -134,7 +134,7 @@ class Service:
         if self.draining:
             raise APIError(503, "server shutting down: not accepting new requests", code="shutting_down")
         try:  # method / budget this engine cannot run: the client's error, before queueing
-            self.engine._resolve(request)
+            self.engine.check_request(request)
         except ValueError as err:
             raise APIError(400, str(err), param="cast", code="invalid_value") from err
         gen = Generation(request.request_id, asyncio.get_running_loop(), self.metrics)

@@ -132,7 +132,7 @@ def test_sigterm_stops_admission_and_drains_in_flight_requests():
             rest = [line for line in lines if line]
         assert rest[-1] == "data: [DONE]"
         assert json.loads(rest[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 480
-        assert proc.wait(timeout=60) == -signal.SIGTERM  # drained, then uvicorn re-raises the signal
+        assert proc.wait(timeout=60) == 0  # drained, then an orderly exit (was 143: uvicorn re-raised the signal)
     finally:
         if proc.poll() is None:
             proc.kill()
