@@ -105,8 +105,8 @@ class LLMEngine:
             req.sampling.generator("cpu"),
             gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost) if gated else None,
         )
-        if seq.gate is not None and self.last_gate is not None:  # under load, decide from the table at once
-            seq.gate.inherit(self.last_gate)
+        if seq.gate is not None and self.last_gate is not None:  # under load it decides from the table at once;
+            seq.gate.inherit(self.last_gate)  # alone it still drafts its first rounds, its masses seeded by these
         t = seq.timings
         start = self.clock.now()
         logits, taps = self.target.prefill(target, torch.as_tensor(req.prompt_ids, dtype=torch.int64))
