@@ -47,6 +47,8 @@ class GenerationResult:
     drafted: list[bool] = field(default_factory=list)  # whether the round drafted (False: AR / gated)
     round_ms: list[float] = field(default_factory=list)  # wall ms of each round (inside the decode window)
     timings: Timings = field(default_factory=Timings)
+    logprobs: list[float] = field(default_factory=list)  # per token, when the request asked (Request.logprobs)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: (token, logprob)
 
     @property
     def num_rounds(self) -> int:
@@ -82,4 +84,5 @@ class GenerationResult:
             "decode_ms_per_token": self.decode_ms_per_token,
             "tokens_per_s": self.tokens_per_s,
             "timings": asdict(self.timings),
+            **({"logprobs": self.logprobs, "top_logprobs": self.top_logprobs} if self.logprobs else {}),
         }

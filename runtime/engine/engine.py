@@ -101,7 +101,7 @@ class LLMEngine:
         seq = Sequence(
             req, method, budget, target,
             self.drafter.new_state(capacity) if method != "ar" else None,
-            StopChecker(self.tokenizer, () if req.ignore_eos else self.eos_token_ids, req.stop_strings, max_new),
+            StopChecker(self.tokenizer, req.stop_ids(self.eos_token_ids), req.stop_strings, max_new),
             req.sampling.generator("cpu"),
             gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost) if gated else None,
         )
@@ -110,7 +110,7 @@ class LLMEngine:
         t = seq.timings
         start = self.clock.now()
         logits, taps = self.target.prefill(target, torch.as_tensor(req.prompt_ids, dtype=torch.int64))
-        root = int(sample_tokens(logits[-1:].cpu(), req.sampling, seq.generator)[0])
+        root = seq.sample_first(logits[-1:].cpu())  # min_tokens / bad_words applied, logprobs kept
         t.ttft_ms = (self.clock.now() - start) * 1e3
         keep, seq.finish_reason = seq.stop.check([], [root])
         seq.tokens += [root][:keep]
@@ -223,8 +223,7 @@ class LLMEngine:
         return trees, drafts, masses
 
     def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft: DraftScores | None) -> Acceptance:
-        """Accept a path of the verified tree. logits: [n, V]; draft: this request's block
-        marginals (the lossless walk reads q off the tree's nodes; other rules may need it)."""
+        """Accept a path of the verified tree. logits: [n, V] processed; draft: its block marginals (unused here)."""
         params = seq.request.sampling
         if params.greedy:
             return greedy_walk(tree, logits.argmax(dim=-1))
@@ -236,11 +235,12 @@ class LLMEngine:
     def _commit(self, seq: Sequence, tree: Tree, logits: torch.Tensor, taps: torch.Tensor | None,
                 draft: DraftScores | None) -> None:
         """Walk one verified pack and commit it. logits: [n, V]; taps: [n, F]."""
+        logits = seq.processed(tree, logits)  # the walk and logprobs see the law after min_tokens / bad_words
         acc = self._walk(seq, tree, logits, draft)
         keep, seq.finish_reason = seq.stop.check(seq.tokens, acc.committed.tolist())
         kept_rows = np.concatenate([[0], acc.path[: min(keep, acc.num_accepted)]]).astype(np.int64)
         self.target.commit(seq.target, kept_rows)
-        seq.tokens += acc.committed[:keep].tolist()
+        seq.emit(acc, keep, logits)
         seq.accept_lengths.append(keep)
         seq.budgets.append(tree.size)
         seq.drafted.append(draft is not None)
