@@ -1,18 +1,20 @@
 """`--extra-llm-api-options` YAML: TensorRT-LLM's `speculative_config`, mapped onto the one
 `cast_trtllm.spec_config.SpecConfig`.
 
-TensorRT-LLM's own DFlash block is accepted unchanged and means the DFlash chain:
+Every field of TensorRT-LLM's `DFlashDecodingConfig` (and its `DecodingBaseConfig`) is
+accepted unchanged; a DFlash block means the DFlash chain:
 
     speculative_config:
       decoding_type: DFlash          # -> method chain (CAST -> method cast)
       max_draft_len: 15              # -> SpecConfig.max_draft_len (<= the drafter's L)
+      max_total_draft_tokens: 15     # CAST: -> budget N; DFlash: ignored (a chain, = max_draft_len)
       speculative_model: PATH        # -> --drafter PATH  (older name: speculative_model_dir)
-      mask_token_id: 151669          # checked against the drafter's config.json
-      target_layer_ids: [1, 9, 17]   # checked against the drafter's config.json
-      acceptance_rate_threshold: 0.1 # ignored: the draft gate decides per request from tokens/ms
-      acceptance_rate_window_size: 8 # ignored, with the threshold
-      draft_len_schedule: {...}      # ignored: CAST's width rule picks N every round
+      mask_token_id: 151669          # checked against the loaded drafter's config
+      target_layer_ids: [1, 9, 17]   # checked against the loaded drafter's config
       max_concurrency: 32            # -> SpecConfig.max_concurrency (no drafting above it)
+      draft_len_schedule, load_format, acceptance_rate_threshold, acceptance_rate_window_size,
+      use_rejection_sampling, allow_advanced_sampling, advanced_sampling_mode, enable_penalty,
+      attention_backend              # checked as TensorRT-LLM types them, then ignored (see _IGNORED)
 
 `decoding_type: CAST` adds this project's fields: budget (N | auto), rank_cap,
 width_profile, width_rule, draft_gate, gate_probe_every, max_request_width. Every mapping (or why a field
@@ -26,21 +28,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from cast_trtllm.spec_config import SpecConfig
+from cast_trtllm.spec_config import SpecConfig, is_int
 
 DECODING_TYPES = {"CAST": "cast", "DFlash": "chain"}  # decoding_type -> method
 _MAPPED = {"max_draft_len": "max_draft_len", "max_concurrency": "max_concurrency"}
 _CAST_FIELDS = ("budget", "rank_cap", "width_profile", "width_rule", "draft_gate", "gate_probe_every",
                 "max_request_width")
 _CHECKED = ("mask_token_id", "target_layer_ids")
+
+
+def _optional(check, what: str):
+    return (lambda v: v is None or check(v)), f"{what} or null"
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_BOOL = (lambda v: isinstance(v, bool)), "true or false"
+_ADVANCED_SAMPLING_MODES = ("full", "no_topk", "no_topp", "no_topk_no_topp")
+_THRESHOLD = _optional(lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]")
+_WINDOW = _optional(lambda v: is_int(v) and v >= 0, "an integer >= 0")
+# TensorRT-LLM fields with no behaviour here: name -> ((check, what TensorRT-LLM accepts), why ignored)
 _IGNORED = {
-    "acceptance_rate_threshold": "the draft gate turns drafting off per request when measured tokens/ms "
-                                 "say AR is faster, which covers low acceptance",
-    "acceptance_rate_window_size": "goes with acceptance_rate_threshold (the gate keeps its own EWMA)",
-    "draft_len_schedule": "CAST's width rule chooses the tree size every round from the measured verify cost",
+    "draft_len_schedule": (_optional(lambda v: isinstance(v, Mapping) and all(map(is_int, [*v, *v.values()])),
+                                     "a mapping of batch size -> draft length"),
+                           "CAST's width rule chooses the tree size every round from the measured verify cost"),
+    "load_format": (_optional(lambda v: isinstance(v, str), "a string"),
+                    "the drafter is read from its checkpoint directory in one format"),
+    "acceptance_rate_threshold": (_THRESHOLD, "the draft gate turns drafting off per request when measured "
+                                              "tokens/ms say AR is faster, which covers low acceptance"),
+    "acceptance_rate_window_size": (_WINDOW, "goes with acceptance_rate_threshold (the gate keeps its own EWMA)"),
+    "use_rejection_sampling": (_BOOL, "sampled requests are always verified by the lossless walk that keeps "
+                                      "the target's law; greedy requests take the argmax either way"),
+    "allow_advanced_sampling": (_BOOL, "a no-op in TensorRT-LLM too: sampling is chosen per request"),
+    "advanced_sampling_mode": ((lambda v: v in _ADVANCED_SAMPLING_MODES, f"one of {list(_ADVANCED_SAMPLING_MODES)}"),
+                               "top_k / top_p apply per request; there are no filter kernels to skip"),
+    "enable_penalty": (_BOOL, "the engine applies no occurrence penalties; requests asking for them are refused"),
+    "attention_backend": ((lambda v: v in ("VANILLA", "TRTLLM"), "'VANILLA' or 'TRTLLM'"),
+                          "the drafter's context attention runs on this runtime's backend (onnxruntime or torch)"),
 }
+_TOTAL = "max_total_draft_tokens"  # tree size: CAST's budget N; DFlash's chain has max_draft_len tokens
 _MODEL = ("speculative_model", "speculative_model_dir")
-_KNOWN = {"decoding_type", *_MAPPED, *_CAST_FIELDS, *_CHECKED, *_IGNORED, *_MODEL}
+_KNOWN = {"decoding_type", *_MAPPED, *_CAST_FIELDS, *_CHECKED, *_IGNORED, _TOTAL, *_MODEL}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +87,8 @@ def parse_speculative_config(block: Any, base: SpecConfig = SpecConfig()) -> Llm
         raise ValueError(f"speculative_config: must be a mapping, got {type(block).__name__}")
     unknown = sorted(set(block) - _KNOWN)
     if unknown:
-        raise ValueError(f"speculative_config.{unknown[0]}: unknown field; known fields are {sorted(_KNOWN)}")
+        raise ValueError(f"speculative_config.{unknown[0]}: not a field of TensorRT-LLM's DFlash config "
+                         f"nor of CAST's; remove it or use one of {sorted(_KNOWN)}")
     if "decoding_type" not in block:
         raise ValueError("speculative_config.decoding_type: required field is missing")
     kind = block["decoding_type"]
@@ -84,15 +115,35 @@ def parse_speculative_config(block: Any, base: SpecConfig = SpecConfig()) -> Llm
     expect = {k: block[k] for k in _CHECKED if k in block}
     for name in expect:
         notes.append(f"{name} {expect[name]!r}: checked against the drafter's config.json")
-    for name, why in _IGNORED.items():
+    for name, ((check, what), why) in _IGNORED.items():
         if name in block:
+            if not check(block[name]):
+                raise ValueError(f"speculative_config.{name}: must be {what}, got {block[name]!r}")
             notes.append(f"{name}: ignored ({why})")
+    notes.extend(_total_draft_tokens(block, kind, changes))
     try:
         spec = base.with_overrides(**changes)
     except ValueError as err:
         field = next((f for f in changes if f in str(err)), "decoding_type")
         raise ValueError(f"speculative_config.{field}: {err}") from None
     return LlmApiOptions(spec, model, expect or None, tuple(notes))
+
+
+def _total_draft_tokens(block: Mapping, kind: str, changes: dict[str, Any]) -> list[str]:
+    """max_total_draft_tokens: the tree's draft tokens. CAST: the budget N; DFlash: the chain's
+    max_draft_len (TensorRT-LLM overwrites it so too)."""
+    total = block.get(_TOTAL)
+    if total is None:
+        return []
+    if not is_int(total) or total < 1:
+        raise ValueError(f"speculative_config.{_TOTAL}: must be an integer >= 1, got {total!r}")
+    if kind != "CAST":
+        return [f"{_TOTAL}: ignored (a {kind} chain drafts max_draft_len tokens; TensorRT-LLM sets it so too)"]
+    if "budget" in block and block["budget"] != total:
+        raise ValueError(f"speculative_config.{_TOTAL}: {total} disagrees with budget {block['budget']!r}; "
+                         "give one of them")
+    changes["budget"] = total
+    return [f"{_TOTAL} {total} -> budget"]
 
 
 def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:

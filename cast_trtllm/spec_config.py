@@ -18,7 +18,7 @@ WIDTH_RULES = ("table", "marginal")
 AUTO = "auto"
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -26,7 +26,7 @@ def check_budget(budget: object, name: str = "budget") -> int | str:
     """An integer N >= 0 or 'auto' (strings of digits are accepted)."""
     if isinstance(budget, str) and budget.strip().isdigit():
         budget = int(budget)
-    if budget != AUTO and (not _is_int(budget) or budget < 0):
+    if budget != AUTO and (not is_int(budget) or budget < 0):
         raise ValueError(f"{name} must be 'auto' or an integer >= 0, got {budget!r}")
     return budget
 
@@ -52,11 +52,11 @@ class SpecConfig:
         object.__setattr__(self, "budget", check_budget(self.budget))
         for name in ("rank_cap", "gate_probe_every", "max_request_width"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         for name in ("max_draft_len", "max_concurrency"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.width_rule not in WIDTH_RULES:
             raise ValueError(f"width_rule must be one of {WIDTH_RULES}, got {self.width_rule!r}")

@@ -40,6 +40,52 @@ def test_trtllm_dflash_yaml_is_accepted_unchanged_and_means_the_chain(tmp_path):
         assert field in text
 
 
+# every field of TensorRT-LLM's DFlashDecodingConfig and its DecodingBaseConfig (llmapi/llm_args.py)
+ALL_DFLASH_FIELDS = {
+    "decoding_type": "DFlash", "max_draft_len": 15, "max_total_draft_tokens": 15,
+    "speculative_model": "z-lab/Qwen3-8B-DFlash-b16", "max_concurrency": 32, "draft_len_schedule": {1: 15, 8: 7},
+    "load_format": "auto", "acceptance_rate_window_size": 8, "acceptance_rate_threshold": 0.1,
+    "use_rejection_sampling": False, "allow_advanced_sampling": False, "advanced_sampling_mode": "full",
+    "enable_penalty": False, "mask_token_id": 151669, "target_layer_ids": [1, 9, 17], "attention_backend": "VANILLA",
+}
+
+
+def test_every_trtllm_dflash_field_is_accepted_and_each_gets_one_note():
+    opts = parse_llm_api_options({"speculative_config": ALL_DFLASH_FIELDS})
+    assert opts.spec.method == "chain" and opts.spec.max_draft_len == 15 and opts.spec.max_concurrency == 32
+    assert opts.expect_drafter == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17]}
+    for field in ALL_DFLASH_FIELDS:  # each field maps to behaviour or says why it is ignored
+        assert sum(note.startswith(field) for note in opts.notes) == 1, field
+    assert "max_total_draft_tokens: ignored" in "\n".join(opts.notes)
+
+
+def test_max_total_draft_tokens_is_the_cast_budget():
+    opts = parse_llm_api_options({"speculative_config": {"decoding_type": "CAST", "max_total_draft_tokens": 31}})
+    assert opts.spec.budget == 31
+    with pytest.raises(ValueError, match="max_total_draft_tokens: 31 disagrees with budget 7"):
+        parse_llm_api_options({"speculative_config": {"decoding_type": "CAST", "max_total_draft_tokens": 31,
+                                                      "budget": 7}})
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("use_rejection_sampling", "yes", "true or false"),
+    ("attention_backend", "FLASHINFER", "'VANILLA' or 'TRTLLM'"),
+    ("advanced_sampling_mode", "fast", "one of"),
+    ("acceptance_rate_threshold", 1.5, r"a number in \[0, 1\]"),
+    ("draft_len_schedule", [4, 2], "a mapping of batch size"),
+    ("max_total_draft_tokens", 0, "an integer >= 1"),
+])
+def test_a_trtllm_field_with_a_value_trtllm_refuses_names_what_it_accepts(field, value, expected):
+    with pytest.raises(ValueError, match=rf"speculative_config\.{field}: .*{expected}"):
+        parse_llm_api_options({"speculative_config": {"decoding_type": "DFlash", field: value}})
+
+
+def test_an_unknown_field_says_it_is_neither_trtllm_nor_cast_and_what_to_use():
+    with pytest.raises(ValueError, match=r"speculative_config\.beam_width: not a field of TensorRT-LLM's DFlash "
+                                         r"config nor of CAST's; remove it or use one of \[.*'use_rejection_sampling'"):
+        parse_llm_api_options({"speculative_config": {"decoding_type": "DFlash", "beam_width": 2}})
+
+
 def test_cast_fields_map_onto_the_spec_config():
     opts = parse_llm_api_options({"speculative_config": {
         "decoding_type": "CAST", "max_draft_len": 7, "budget": 31, "rank_cap": 4, "width_profile": "p.json",
