@@ -1,5 +1,6 @@
 """Any checkpoint the loader accepts runs through the commands, not only the embedded one:
-`generate` and `bench` on a tiny Qwen3 checkpoint with its z-lab-format drafter."""
+`generate`, `bench` and `sweep` on a tiny Qwen3 checkpoint with its z-lab-format drafter, pinned
+to torch fp32 and on the default execution path (whatever autoconfig picks)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ def test_bench_runs_a_qwen3_checkpoint(qwen3, tmp_path):
     assert result.exit_code == 0, result.output
     rows = {r["method"]: r for r in json.loads(report.read_text())["summary"]}
     assert set(rows) == {"ar", "chain", "cast:7"} and all(r["ms_per_token"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("command, methods", [("bench", ["--methods", "chain"]),
+                                              ("sweep", ["--budgets", "3", "--no-ar", "--no-auto"])])
+def test_bench_and_sweep_run_on_the_default_execution_path(qwen3, tmp_path, monkeypatch, command, methods):
+    """No --dtype / --threads: whatever autoconfig measures and picks on this machine runs."""
+    monkeypatch.setenv("CAST_CACHE_DIR", str(tmp_path / "cache"))
+    target, drafter = qwen3
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"task_id": 0, "prompt": "hello", "output_tokens": 4}) + "\n")
+    report = tmp_path / "r.json"
+    result = CliRunner().invoke(main, [command, "--dataset", str(data), *methods, "--target", str(target),
+                                       "--drafter", str(drafter), "--no-progress", "--report-json", str(report)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    document = json.loads(report.read_text())
+    run = document if command == "bench" else document["domains"][str(data)]
+    assert run["engine"]["backend"] in ("torch", "onnxruntime") and "measured now" in run["engine"]["execution"]
+    assert "chain" in {r["method"] for r in run["summary"]} and all(r["ms_per_token"] > 0 for r in run["summary"])
