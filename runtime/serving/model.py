@@ -69,8 +69,11 @@ class TritonPythonModel:
 
         rows = split_batch({t.name(): t.as_numpy() for t in request.inputs()})
         target = self.engine.engine
+        tokenizer = self.engine.tokenizer
         parsed = [parse_request(f"{request_id}/{i}", row, self.cfg, self.engine.encode, target.context_window,
-                                target.target.config.vocab_size) for i, row in enumerate(rows)]
+                                target.target.config.vocab_size,
+                                lambda word: list(tokenizer(word, add_special_tokens=False).input_ids))
+                  for i, row in enumerate(rows)]
         if any(o.stream for _, o in parsed):
             if not self.decoupled:
                 raise ValueError("input 'stream'=true needs a decoupled model: write the repository with "

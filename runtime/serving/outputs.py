@@ -16,14 +16,12 @@ from typing import Any, Sequence as Seq
 
 import numpy as np
 
-from runtime.stopping import FINISH_EOS
-
 REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
 
 
 @dataclass(slots=True)
 class Progress:
-    """A sequence's tokens and rounds as reported to the client (cut at `end_id`)."""
+    """A sequence's tokens and rounds as reported to the client."""
 
     tokens: list[int]
     accept_lengths: list[int]
@@ -39,25 +37,11 @@ class Progress:
         return (accepted / drafted if drafted else 0.0), accepted, drafted
 
 
-def progress(live: Any, end_id: int | None) -> Progress:
-    """`live` (a `runtime.engine.Sequence`) cut after the first `end_id` token, if any.
-
-    The engine then ran with its EOS ids off (`Request.ignore_eos`): `end_id` replaces them,
-    as in TensorRT-LLM. Cutting afterwards is lossless: the kept prefix has the law it
-    had, and its rounds are cut to the kept tokens (the last kept round may lose tokens).
-    """
-    tokens, reason = list(live.tokens), live.finish_reason
-    if end_id is not None and end_id >= 0 and end_id in tokens:
-        tokens, reason = tokens[: tokens.index(end_id) + 1], FINISH_EOS
-    rounds, left = [], len(tokens) - 1
-    for a in live.accept_lengths:
-        if left <= 0:
-            break
-        rounds.append(min(a, left))
-        left -= rounds[-1]
-    n = len(rounds)
-    return Progress(tokens, rounds, list(live.budgets[:n]), list(live.drafted[:n]), reason,
-                    len(live.request.prompt_ids))
+def progress(live: Any) -> Progress:
+    """What `live` (a `runtime.engine.Sequence`) has emitted so far. The engine itself ends
+    a request at its end id (`Request.eos_token_ids`), so nothing is cut afterwards."""
+    return Progress(list(live.tokens), list(live.accept_lengths), list(live.budgets), list(live.drafted),
+                    live.finish_reason, len(live.request.prompt_ids))
 
 
 class TextStream:

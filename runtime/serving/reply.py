@@ -4,7 +4,7 @@ A request's batch rows run as separate sequences in the scheduler; the scheduler
 calls back after each round. `Reply` turns those callbacks into responses through the
 request's response sender: streamed pieces (decoupled mode, `stream=true`), one final
 response with every row, or one error that ends the request. A client that went away
-(`is_cancelled`) or an `end_id` reached ends its sequences at the next round.
+(`is_cancelled`) has its sequences ended at the next round.
 """
 
 from __future__ import annotations
@@ -57,12 +57,9 @@ class Reply:
                     LOG.info("request %s cancelled by the client after %d tokens", self.request_id, len(live.tokens))
                     self._close(None)
                     return
-                p = progress(live, self.rows[i][1].end_id)
+                p = progress(live)
                 self.first_ns[i] = self.first_ns[i] or time.time_ns()
-                if p.finish_reason is not None:  # end_id: done here; free the batch slot
-                    self.scheduler.cancel(self.ids[i])
-                    self._row_done(i, p)
-                elif self.rows[i][1].stream and len(p.tokens) > self.sent[i][0]:
+                if self.rows[i][1].stream and len(p.tokens) > self.sent[i][0]:
                     self._send([self._row(i, p, final=False)], final=False)
         return on_tokens
 
@@ -75,7 +72,7 @@ class Reply:
                     self._close(error)
                     return
                 self.first_ns[i] = self.first_ns[i] or time.time_ns()
-                self._row_done(i, progress(live, self.rows[i][1].end_id))
+                self._row_done(i, progress(live))
         return on_done
 
     # ------------------------------------------------------------------ responses (lock held)

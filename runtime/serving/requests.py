@@ -3,14 +3,18 @@
 Every input of TensorRT-LLM's `triton_backend/all_models/inflight_batcher_llm/ensemble`
 is declared with its exact name, type and dims, plus CAST's `method` / `budget`. Each
 one is either honoured, accepted only at its neutral value (the value that asks for
-nothing, e.g. `beam_width` 1, `bad_words` ""), or refused: never silently ignored.
+nothing, e.g. `beam_width` 1), or refused: never silently ignored.
 Every problem raises `ValueError` naming the input; the model turns it into an error
 response for that request only.
 
-TensorRT-LLM semantics kept: empty strings in `stop_words` / `bad_words` mean "none";
-`top_p` 0 means "off"; `end_id` REPLACES the model's end-of-sequence ids (-1: never stop
-at one); `exclude_input_in_output` false (the default) puts the prompt text before the
-generated text of a non-streaming answer.
+TensorRT-LLM semantics kept: each element of `stop_words` / `bad_words` is one word
+(empty strings mean "none"; upstream's preprocessing would also split one element at
+commas), a bad word tokenized without special tokens; `top_p` 0 means "off"; `end_id` REPLACES the model's
+end-of-sequence ids (-1: never stop at one); `exclude_input_in_output` false (the
+default) puts the prompt text before the generated text of a non-streaming answer.
+`end_id`, `min_tokens` (no end id before that many output tokens) and `bad_words` run
+inside the engine, on the target's logits (`cast_trtllm.logit_processing`): lossless
+with respect to the processed law.
 """
 
 from __future__ import annotations
@@ -96,9 +100,6 @@ NEUTRAL: dict[str, tuple[Callable[[np.ndarray], bool], str, str]] = {
     "repetition_penalty": (_equals(1.0), "1.0", _PENALTY),
     "presence_penalty": (_equals(0.0), "0.0", _PENALTY),
     "frequency_penalty": (_equals(0.0), "0.0", _PENALTY),
-    "min_tokens": (lambda v: v.size == 1 and int(v.reshape(-1)[0]) <= 1, "<= 1",
-                   "the engine cannot keep end-of-sequence from ending a sequence before N tokens"),
-    "bad_words": (_all_empty, '""', "banning words changes the target's law; not implemented losslessly"),
     "embedding_bias_words": (_all_empty, '""', "a logit bias changes the target's law; not implemented"),
     "embedding_bias_weights": (lambda v: v.size == 0, "[]", "a logit bias changes the target's law; not implemented"),
     "return_log_probs": (_equals(0), "false", "the engine does not keep log-probabilities"),
@@ -121,7 +122,6 @@ class ResponseOptions:
     prompt: str  # text_input as sent
     stream: bool = False
     exclude_input: bool = False  # exclude_input_in_output
-    end_id: int | None = None  # None: the model's EOS ids; -1: none; else the ONLY end id
     pad_id: int | None = None
     num_input_tokens: bool = False
     num_output_tokens: bool = False
@@ -185,6 +185,11 @@ def _token_id(inputs: dict[str, np.ndarray], name: str, vocab_size: int, allow_n
     return value
 
 
+def _words(inputs: dict[str, np.ndarray], name: str) -> tuple[str, ...]:
+    """The words of a word-list input, one per element, empty ones dropped."""
+    return tuple(w for w in (_text(v) for v in inputs.get(name, np.zeros(0)).reshape(-1)) if w)
+
+
 def _flag(inputs: dict[str, np.ndarray], name: str) -> bool:
     return bool(_scalar(inputs, name)) if name in inputs else False
 
@@ -213,8 +218,10 @@ def parse_request(
     encode: Callable[[str], list[int]],
     context_window: int,
     vocab_size: int,
+    encode_word: Callable[[str], list[int]],
 ) -> tuple[Request, ResponseOptions]:
-    """Validate one batch row's tensors and tokenize its prompt."""
+    """Validate one batch row's tensors and tokenize its prompt (`encode`) and bad words
+    (`encode_word`: no special tokens, no chat template)."""
     _check_types(inputs)
     prompt = _text(_scalar(inputs, "text_input"))
     if not prompt.strip():
@@ -222,7 +229,13 @@ def parse_request(
     max_tokens = int(_scalar(inputs, "max_tokens")) if "max_tokens" in inputs else cfg.default_max_tokens
     if not 1 <= max_tokens <= cfg.max_tokens_limit:
         raise ValueError(f"max_tokens={max_tokens} is out of range: must be in [1, {cfg.max_tokens_limit}]")
-    stops = tuple(s for s in (_text(v) for v in inputs.get("stop_words", np.zeros(0)).reshape(-1)) if s)
+    stops = _words(inputs, "stop_words")
+    bad_words = tuple(tuple(encode_word(w)) for w in _words(inputs, "bad_words"))
+    if any(not w for w in bad_words):
+        raise ValueError(f"input 'bad_words'={list(_words(inputs, 'bad_words'))} holds a word with no tokens")
+    min_tokens = int(_scalar(inputs, "min_tokens")) if "min_tokens" in inputs else 0
+    if min_tokens < 0:
+        raise ValueError(f"input 'min_tokens'={min_tokens} must be >= 0 (output tokens before an end id may end it)")
     method = _text(_scalar(inputs, "method")).strip().lower() if "method" in inputs else None
     if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {METHODS}")
@@ -232,7 +245,7 @@ def parse_request(
     end_id = _token_id(inputs, "end_id", vocab_size, allow_none=True)
     options = ResponseOptions(
         prompt=prompt, stream=_flag(inputs, "stream"), exclude_input=_flag(inputs, "exclude_input_in_output"),
-        end_id=end_id, pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False),
+        pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False),
         num_input_tokens=_flag(inputs, "return_num_input_tokens"),
         num_output_tokens=_flag(inputs, "return_num_output_tokens"), perf_metrics=_flag(inputs, "return_perf_metrics"),
     )
@@ -242,6 +255,7 @@ def parse_request(
             f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
             f"{context_window} tokens; shorten the prompt or lower max_tokens"
         )
-    request = Request(tuple(ids), max_tokens, _sampling(inputs), stops, method, budget,
-                      ignore_eos=end_id is not None, request_id=request_id)
+    request = Request(tuple(ids), max_tokens, _sampling(inputs), stops, method, budget, request_id=request_id,
+                      eos_token_ids=None if end_id is None else () if end_id == -1 else (end_id,),
+                      min_tokens=min_tokens, bad_words=bad_words)
     return request, options

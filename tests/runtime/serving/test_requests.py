@@ -43,7 +43,8 @@ UPSTREAM_OUTPUTS = {"text_output": ("STRING", (-1,)), "acceptance_rate": ("FP32"
 
 def parse(**inputs):
     tok = tiny_tokenizer()
-    return parse_request("r", inputs, CFG, lambda text: encode_prompt(tok, text, chat=False), 64, VOCAB)
+    return parse_request("r", inputs, CFG, lambda text: encode_prompt(tok, text, chat=False), 64, VOCAB,
+                         lambda word: tok(word, add_special_tokens=False).input_ids)
 
 
 def s(*texts: str) -> np.ndarray:
@@ -82,8 +83,7 @@ def test_inputs_and_outputs_carry_tensorrt_llm_ensemble_names_types_and_dims():
     (dict(text_input=HELLO, pad_id=i32(-1)), "input 'pad_id'=-1 is not a token id"),
     (dict(text_input=HELLO, beam_width=i32(2)), "input 'beam_width'=2 is not supported: beam search"),
     (dict(text_input=HELLO, num_return_sequences=i32(3)), "'num_return_sequences'=3 is not supported"),
-    (dict(text_input=HELLO, min_tokens=i32(5)), "'min_tokens'=5 is not supported: the engine cannot keep"),
-    (dict(text_input=HELLO, bad_words=s("", "no")), r"'bad_words'=\['', 'no'\] is not supported"),
+    (dict(text_input=HELLO, min_tokens=i32(-1)), "input 'min_tokens'=-1 must be >= 0"),
     (dict(text_input=HELLO, repetition_penalty=np.array([1.2], np.float32)), "'repetition_penalty'=1.2"),
     (dict(text_input=HELLO, return_log_probs=np.array([True])), "'return_log_probs'=True is not supported"),
     (dict(text_input=HELLO, decoder_text_input=s("x")), "encoder-decoder models"),
@@ -101,7 +101,8 @@ def test_neutral_values_of_unsupported_inputs_and_tensorrt_llm_defaults_are_acce
                       num_return_sequences=i32(1), length_penalty=np.array([1.0], np.float32),
                       return_log_probs=np.array([False]), top_p=np.array([0.0], np.float32))
     assert req.stop_strings == ("lo",) and req.sampling.top_p == 1.0 and req.max_new_tokens == CFG.default_max_tokens
-    assert not req.ignore_eos and opts.end_id is None and not opts.stream and opts.prompt == "hello"
+    assert not req.ignore_eos and req.eos_token_ids is None and not opts.stream and opts.prompt == "hello"
+    assert req.bad_words == () and req.min_tokens == 1
 
 
 def test_valid_inputs_become_a_request_and_the_options_of_its_response():
@@ -112,8 +113,8 @@ def test_valid_inputs_become_a_request_and_the_options_of_its_response():
     hello = tuple(tiny_tokenizer()("hello").input_ids)
     assert req.prompt_ids == hello and req.max_new_tokens == 3 and (req.method, req.budget) == ("chain", 5)
     assert req.sampling.temperature == pytest.approx(0.7) and req.sampling.seed == (2**64 - 1) % (1 << 63)
-    assert req.ignore_eos  # end_id replaces the model's EOS ids
-    assert (opts.end_id, opts.pad_id, opts.stream, opts.exclude_input) == (7, 0, True, True)
+    assert req.eos_token_ids == (7,) and not req.ignore_eos  # end_id replaces the model's EOS ids, in the engine
+    assert (opts.pad_id, opts.stream, opts.exclude_input) == (0, True, True)
     assert opts.num_output_tokens and opts.perf_metrics and not opts.num_input_tokens
 
 
@@ -132,16 +133,18 @@ def live(tokens, accept, budgets, reason="length"):
 
 
 def test_spec_metrics_count_draft_tokens_of_drafted_rounds_and_accepted_ones_without_the_bonus():
-    p = progress(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4]), end_id=None)
+    p = progress(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4]))
     assert p.spec_stats() == (pytest.approx(3 / 10), 3, 10)  # (3-1) + (2-1) accepted of 6 + 4 drafted
+    assert p.num_input_tokens == 3 and p.finish_reason == "length"
     assert Progress([5], [], [], []).spec_stats() == (0.0, 0, 0)
 
 
-def test_end_id_cuts_the_tokens_and_their_rounds_and_finishes_with_eos():
-    p = progress(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4]), end_id=7)
-    assert (p.tokens, p.accept_lengths, p.budgets, p.finish_reason) == ([5, 6, 7], [2], [6], "eos")
-    assert p.spec_stats() == (pytest.approx(1 / 6), 1, 6) and p.num_input_tokens == 3
-    assert progress(live([5, 6], [1], [6]), end_id=-1).tokens == [5, 6]
+def test_end_id_min_tokens_and_bad_words_become_the_engine_requests_processing():
+    tok = tiny_tokenizer()
+    req, _ = parse(text_input=HELLO, end_id=i32(-1), min_tokens=i32(3), bad_words=s("lo", "", "he"))
+    assert req.eos_token_ids == () and req.min_tokens == 3  # end_id -1: no end id at all
+    assert req.bad_words == tuple(tuple(tok(w, add_special_tokens=False).input_ids) for w in ("lo", "he"))
+    assert parse(text_input=HELLO)[0].eos_token_ids is None  # the model's EOS ids
 
 
 def test_text_pieces_hold_back_incomplete_characters_and_join_to_the_full_text():
