@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
 from runtime.serving.openai.errors import APIError, install_handlers
+from runtime.serving.openai.logprobs import LogprobStream
 from runtime.serving.openai.metrics import RequestCounter
 from runtime.serving.openai.responses import ResponseFormat
 from runtime.serving.openai.schemas import (
@@ -124,18 +125,33 @@ def _max_tokens(service: Service, body: GenerationRequest, prompt_len: int) -> i
     return asked
 
 
+def _processing(service: Service, body: GenerationRequest, max_tokens: int):
+    """(min_tokens, stop_token_ids, bad_words as token ids) of a request; 400 naming a bad one."""
+    vocab = service.engine.target.config.vocab_size
+    if body.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}", "min_tokens",
+                       "invalid_value")
+    stop_ids = tuple(body.stop_token_ids or ())
+    if any(t >= vocab for t in stop_ids):
+        raise APIError(400, f"stop_token_ids holds ids outside [0, {vocab})", "stop_token_ids", "invalid_value")
+    bad = tuple(tuple(tokenize(service.tokenizer, w, add_special_tokens=False)) for w in body.bad_words or ())
+    return body.min_tokens, stop_ids, bad
+
+
 async def _serve(service: Service, body: GenerationRequest, ids: list[int], request_id: str, request: Request,
                  chat: bool) -> Response:
     if not ids:
         raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
-    stops = body.stop_strings()
+    stops, max_tokens = body.stop_strings(), _max_tokens(service, body, len(ids))
     try:
-        engine_request = build_request(request_id, ids, _max_tokens(service, body, len(ids)), body.temperature,
-                                       body.top_p, body.top_k, body.seed, stops, body.ignore_eos, body.cast)
+        engine_request = build_request(request_id, ids, max_tokens, body.temperature, body.top_p, body.top_k,
+                                       body.seed, stops, body.ignore_eos, body.cast,
+                                       *_processing(service, body, max_tokens), body.top_logprobs_asked())
     except ValueError as err:
         raise APIError(400, str(err), None, "invalid_value") from err
     gen = service.submit(engine_request)
-    fmt = ResponseFormat(request_id, service.model_name, int(time.time()), chat, len(ids))
+    logprobs = None if body.top_logprobs_asked() is None else LogprobStream(service.tokenizer, chat)
+    fmt = ResponseFormat(request_id, service.model_name, int(time.time()), chat, len(ids), logprobs)
     headers = {"X-Request-Id": request_id}
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
@@ -185,7 +201,7 @@ async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt
             sent += piece
             final = update if update.finished else None
             if piece or final is not None:
-                yield fmt.chunk(piece, None if final is None else final.finish_reason)
+                yield fmt.chunk(piece, None if final is None else final.finish_reason, update)
         if usage and final.error is None:
             yield fmt.usage_chunk(len(final.tokens))
         yield {"data": "[DONE]"}

@@ -2,10 +2,12 @@
 
 Requests are strict (no "5" for 5, no true for 1) and closed: an unknown field is an
 error, never silently dropped. Fields that OpenAI defines but this server cannot honour
-without changing the output (n > 1, logprobs, best_of, penalties, logit_bias, echo,
-suffix) are declared so that `unsupported()` can name them in a 400 error.
-Extensions, TensorRT-LLM-style extra body fields: `top_k`, and `cast` = {"method":
-"ar" | "chain" | "cast", "budget": N | "auto"} choosing the speculative method per request.
+without changing the output (n > 1, best_of, penalties, logit_bias, echo, suffix) are
+declared so that `unsupported()` can name them in a 400 error. `logprobs` (completions:
+an int, the top entries per token) and `logprobs` + `top_logprobs` (chat) are honoured.
+Extensions, vLLM / trtllm-serve extra body fields: `top_k`, `min_tokens`,
+`stop_token_ids`, `bad_words` (run in the engine, on the target's logits), and `cast` =
+{"method": "ar" | "chain" | "cast", "budget": N | "auto"} choosing the speculative method.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from cast_trtllm.logit_processing import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 
@@ -50,6 +54,9 @@ class GenerationRequest(_Strict):
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted, unused (it does not change the output)
     ignore_eos: bool = False  # extension (vLLM / TensorRT-LLM): run to max_tokens
+    min_tokens: int = Field(0, ge=0)  # extension: no EOS / stop token id before this many tokens
+    stop_token_ids: list[int] | None = None  # extension: more token ids that end the answer (kept in it)
+    bad_words: list[str] | None = None  # extension: words never generated (tokenized without special tokens)
     cast: CastOptions = Field(default_factory=CastOptions)
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -57,6 +64,10 @@ class GenerationRequest(_Strict):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def top_logprobs_asked(self) -> int | None:
+        """Top entries per token of the logprobs asked for (None: no logprobs)."""
+        return None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) of the first field this server cannot honour, or None."""
@@ -72,6 +83,8 @@ class GenerationRequest(_Strict):
              "cast.budget must be 'auto' or an integer >= 0"),
             ("stream_options", self.stream_options is not None and not self.stream,
              "stream_options is only allowed with stream=true"),
+            ("bad_words", any(not w for w in self.bad_words or ()), "bad_words holds an empty word"),
+            ("stop_token_ids", any(t < 0 for t in self.stop_token_ids or ()), "stop_token_ids must be >= 0"),
         ]
         return next(((field, message) for field, bad, message in checks if bad), None)
 
@@ -89,9 +102,14 @@ class CompletionRequest(GenerationRequest):
             return self.prompt[0]
         return self.prompt
 
+    def top_logprobs_asked(self) -> int | None:
+        """Top entries per token of the logprobs asked for (None: no logprobs)."""
+        return self.logprobs
+
     def unsupported(self) -> tuple[str, str] | None:
         checks = [
-            ("logprobs", self.logprobs is not None, "logprobs is not supported"),
+            ("logprobs", self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+             f"logprobs={self.logprobs} is out of range: must be in [0, {MAX_TOP_LOGPROBS}]"),
             ("best_of", self.best_of not in (None, 1), f"best_of={self.best_of} is not supported (must be 1)"),
             ("echo", self.echo, "echo is not supported"),
             ("suffix", self.suffix is not None, "suffix is not supported"),
@@ -124,10 +142,16 @@ class ChatCompletionRequest(GenerationRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def top_logprobs_asked(self) -> int | None:
+        """Top entries per token of the logprobs asked for (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def unsupported(self) -> tuple[str, str] | None:
         checks = [
-            ("logprobs", self.logprobs, "logprobs is not supported"),
-            ("top_logprobs", self.top_logprobs is not None, "top_logprobs is not supported"),
+            ("top_logprobs", self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+             f"top_logprobs={self.top_logprobs} is out of range: must be in [0, {MAX_TOP_LOGPROBS}]"),
+            ("top_logprobs", self.top_logprobs is not None and not self.logprobs,
+             "top_logprobs needs logprobs=true"),
             ("max_completion_tokens", self.max_tokens is not None and self.max_completion_tokens is not None,
              "send max_tokens or max_completion_tokens, not both"),
             ("messages", self.messages[-1].role == "assistant",
@@ -147,7 +171,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict | None = None  # {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -168,7 +192,7 @@ class Delta(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: Delta
-    logprobs: None = None
+    logprobs: dict | None = None  # {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}
     finish_reason: Literal["stop", "length"] | None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cast_trtllm.sampling import SamplingParams
@@ -33,19 +33,25 @@ class Update:
     finished: bool = False
     finish_reason: str | None = None  # OpenAI's: "stop" | "length"
     error: str | None = None
+    logprobs: list[float] = field(default_factory=list)  # per token, when the request asked for them
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
                   top_k: int, seed: int | None, stops: tuple[str, ...], ignore_eos: bool,
-                  cast: CastOptions) -> Request:
+                  cast: CastOptions, min_tokens: int = 0, stop_token_ids: tuple[int, ...] = (),
+                  bad_words: tuple[tuple[int, ...], ...] = (), logprobs: int | None = None) -> Request:
     """The engine request of one API call (sampling already range-checked by the schema).
 
     `cast.method` / `cast.budget` left out (None) take the engine's SpecConfig defaults.
+    min_tokens / stop_token_ids / bad_words (token ids) run in the engine; logprobs: top
+    entries per token (None: no logprobs kept).
     """
     sampling = SamplingParams(temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
                               seed=None if seed is None else seed % (1 << 63))
     return Request(tuple(prompt_ids), max_tokens, sampling, stops, cast.method, cast.budget,
-                   ignore_eos=ignore_eos, request_id=request_id)
+                   ignore_eos=ignore_eos, request_id=request_id, stop_token_ids=stop_token_ids,
+                   min_tokens=min_tokens, bad_words=bad_words, logprobs=logprobs)
 
 
 class Generation:
@@ -62,7 +68,7 @@ class Generation:
     # --- scheduler thread
     def on_tokens(self, live: Any) -> None:
         self._account(live)
-        self._put(Update(list(live.tokens)))
+        self._put(Update(list(live.tokens), logprobs=list(live.logprobs), top_logprobs=list(live.top_logprobs)))
 
     def on_done(self, live: Any, error: str | None) -> None:
         if live is None:
@@ -73,7 +79,8 @@ class Generation:
         reason = FINISH_REASONS[live.finish_reason]
         self.metrics.finished.labels(reason).inc()
         self.metrics.e2e.observe(time.monotonic() - self._arrival)
-        self._put(Update(list(live.tokens), True, reason))
+        self._put(Update(list(live.tokens), True, reason, logprobs=list(live.logprobs),
+                         top_logprobs=list(live.top_logprobs)))
 
     def _account(self, live: Any) -> None:
         now, new = time.monotonic(), len(live.tokens) - self._delivered

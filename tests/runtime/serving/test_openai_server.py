@@ -126,7 +126,7 @@ def test_sixteen_concurrent_requests_all_complete_with_their_alone_output(client
     ({"model": MODEL, "prompt": "x", "max_tokens": True}, 400, "max_tokens", "valid integer"),
     ({"model": MODEL, "prompt": "x", "bogus": 1}, 400, "bogus", "Unrecognized request argument"),
     ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n", "n=2 is not supported"),
-    ({"model": MODEL, "prompt": "x", "logprobs": 1}, 400, "logprobs", "logprobs is not supported"),
+    ({"model": MODEL, "prompt": "x", "logprobs": 30}, 400, "logprobs", "out of range: must be in [0, 20]"),
     ({"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of", "best_of=2"),
     ({"model": MODEL, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     ({"model": MODEL, "prompt": "x", "logit_bias": {"1": 5}}, 400, "logit_bias", "not supported"),
