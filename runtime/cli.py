@@ -45,10 +45,15 @@ def _summary(result, built) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler.")
 @click.option("--stop", "stop_strings", multiple=True, help="Stop string (repeatable); output ends with it.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--min-tokens", type=click.IntRange(min=0), default=0, show_default=True,
+              help="No end-of-sequence token before this many new tokens (applied to the target's logits).")
+@click.option("--bad-word", "bad_words", multiple=True, help="A word never generated (repeatable).")
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None,
+              help="Keep each token's logprob and its K most likely alternatives (--json prints them).")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + summary.")
-def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_strings, ignore_eos, chat, as_json,
-             **options) -> None:
+def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_strings, ignore_eos, min_tokens,
+             bad_words, logprobs, chat, as_json, **options) -> None:
     """Generate text with lossless speculative decoding (greedy output == autoregressive output)."""
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="--prompt")
@@ -63,7 +68,9 @@ def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_strin
     prompt_ids = built.encode(prompt, chat)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     try:
-        request = Request(tuple(prompt_ids), max_new_tokens, sampling, tuple(stop_strings), ignore_eos=ignore_eos)
+        bad = tuple(tuple(built.models.tokenizer(w, add_special_tokens=False).input_ids) for w in bad_words)
+        request = Request(tuple(prompt_ids), max_new_tokens, sampling, tuple(stop_strings), ignore_eos=ignore_eos,
+                          min_tokens=min_tokens, bad_words=bad, logprobs=logprobs)
         result = built.engine.generate([request])[0]
     except ValueError as err:
         raise click.ClickException(str(err)) from err
