@@ -109,7 +109,8 @@ class Sequence:
         (`cast_trtllm.logit_processing`); `logits` itself when there is nothing to apply."""
         if self.processor is None:
             return logits
-        return self.processor.apply(logits, tree, self.request.prompt_ids + tuple(self.tokens), len(self.tokens))
+        history = self.request.prompt_ids + tuple(self.tokens) if self.processor.bad_words else ()
+        return self.processor.apply(logits, tree, history, len(self.tokens))
 
     def sample_first(self, logits: torch.Tensor) -> int:
         """The first output token from the prefill's last row [1, V], under the same processing."""
