@@ -19,11 +19,12 @@ kept. τ decides only how much is enumerated:
 - running τ: the keep-th best score enumerated so far, recomputed when the enumeration
   outgrows the seed's promise (flat marginals, small L or K), which bounds the work there.
 
-The enumeration is a plain loop over Python floats: each row is sorted, so a parent's
-children are visited best first and the loop stops at the first child below τ; the work
-is about twice the number of nodes kept, with no per-level array calls (which cost more
-than the whole level on trees of a few hundred nodes). This module knows arrays only;
-`cast_trtllm.tree` turns a selection into `Tree`s.
+The enumeration is level-synchronous and vectorized: a level is a few array calls on
+its [P, K] children (P parents), with no loop over nodes. A level wider than `keep` (per
+request) is cut to its best `keep` in Theorem 1 order, which is exact (a top-`keep` node
+is among the best `keep` of its own depth) and bounds every level at keep * B nodes, even
+when all strings tie. This module knows arrays only; `cast_trtllm.tree` turns a
+selection into `Tree`s.
 """
 
 from __future__ import annotations
@@ -110,23 +111,47 @@ def seed_bound(lp: np.ndarray, keep: int, per_request: bool) -> list[float]:
     step = lp - np.maximum(top, FLOOR)[:, :, None]  # [B, L, K]; finite even on -inf rows
     family = (chain[:, :, None, None] + step[:, None]).reshape(B, -1).take(_family_index(L, K), axis=1)
     if not per_request:
-        kth = np.array([_kth_best(family.ravel(), keep)])
-    elif family.shape[1] < keep:
+        kth = _kth_best(family.ravel(), keep)
+        return [max(kth - ROUNDING_SLACK * (1.0 + abs(kth)), FLOOR)]
+    if family.shape[1] < keep:
         return [FLOOR] * B
-    else:
-        m = family.shape[1] - keep
-        family.partition(m, axis=1)
-        kth = family[:, m]
+    m = family.shape[1] - keep
+    family.partition(m, axis=1)
+    kth = family[:, m]
     return np.maximum(kth - ROUNDING_SLACK * (1.0 + np.abs(kth)), FLOOR).tolist()
 
 
-def _tighten(score: list[float], counts: list[int], tau: list[float], keep: int) -> list[float]:
-    """Raise τ to the keep-th best score enumerated so far (per request when len(tau) > 1)."""
-    scores = np.array(score)
-    if len(tau) == 1:
-        return [max(tau[0], _kth_best(scores, keep))]
-    req = np.repeat(np.arange(len(counts)) % len(tau), counts)
-    return [max(t, _kth_best(scores[req == r], keep)) for r, t in enumerate(tau)]
+def _tighten(score: np.ndarray, request: np.ndarray | None, tau: float | np.ndarray, keep: int) -> float | np.ndarray:
+    """Raise τ to the keep-th best score enumerated so far (per request when τ is an array).
+
+    score, request: [M] every candidate so far (request None with one universe).
+    """
+    if request is None:
+        return max(tau, _kth_best(score, keep))
+    order = np.lexsort((-score, request))  # request-major, best first within each
+    counts = np.bincount(request, minlength=len(tau))  # [B]
+    kth = np.cumsum(counts) - counts + keep - 1  # [B] position of each request's keep-th best
+    best = np.where(counts >= keep, score[order[np.minimum(kth, len(order) - 1)]], -np.inf)
+    return np.maximum(tau, best)
+
+
+def _truncate(score: np.ndarray, request: np.ndarray | None, keep: int) -> np.ndarray | None:
+    """[P] bool: a level's best `keep` nodes (per request with `request`); None if all are.
+
+    score, request: [P] one level in (request, rank path) order. Within one depth the
+    Theorem 1 order is score descending, then that order, so a stable sort decides ties.
+    Every top-`keep` node is among its own depth's best `keep`: cutting there is exact.
+    """
+    kept = np.zeros(len(score), bool)
+    if request is None:
+        kept[np.argsort(-score, kind="stable")[:keep]] = True
+        return kept
+    counts = np.bincount(request)
+    if counts.max() <= keep:
+        return None
+    order = np.lexsort((-score, request))  # stable: ties stay in (request, rank path) order
+    kept[order[np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts) < keep]] = True
+    return kept
 
 
 def best_first_pool(lp: np.ndarray, keep: int, per_request: bool) -> Pool:
@@ -135,74 +160,59 @@ def best_first_pool(lp: np.ndarray, keep: int, per_request: bool) -> Pool:
     lp: [B, L, K] sorted log-probabilities. With `per_request`, `keep` applies to each
     request's own universe (used with a per-request cap); otherwise to the union
     (Proposition 2). Candidates are enumerated in (depth, request, rank path) order, so a
-    stable sort on score alone yields the full Theorem 1 order.
+    stable sort on score alone yields the full Theorem 1 order: a boolean selection of a
+    level's [P, K] children is row-major (parent, then rank), which keeps that order.
     """
     B, L, K = lp.shape
     if L == 0 or K == 0:  # an empty universe
-        return _sorted_pool(np.zeros(0), np.zeros(0, np.int64), [0] * B, [0], max(K, 1))
-    tau = seed_bound(lp, keep, per_request)
-    score, code, counts, sizes = _enumerate(lp.tolist(), tau, keep)
-    return _sorted_pool(score, code, counts, sizes, K)
-
-
-def _enumerate(rows: list, tau: list[float], keep: int) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
-    """Every node scoring >= τ, in (depth, request, rank path) order.
-
-    rows: [B][L][K] Python floats; tau: one bound per request, or one for all. Returns
-    scores [M], codes [M] (parent entry * K + rank; entries 0..B-1 are the pending roots,
-    entry B + i is candidate i), counts [level * B + request] and sizes [level].
-    """
-    B, L, K = len(rows), len(rows[0]), len(rows[0][0])
-    score = [0.0] * B  # the pending roots' entries, then candidates as enumerated
-    code = [0] * B
-    counts: list[int] = []
-    sizes: list[int] = []
-    spans = [(r, r + 1) for r in range(B)]  # [request] its entries of the level being expanded
-    grown = 0
-    add_score, add_code = score.append, code.append
+        return _sorted_pool([], np.zeros(0, np.int64), [], [], B, 1)
+    one = B == 1 or not per_request  # one τ for every candidate
+    tau = seed_bound(lp, keep, per_request)  # [B] or [1]
+    bound = tau[0] if one else np.asarray(tau)
+    score, request = np.zeros(B), np.arange(B)  # [P] the level being expanded: first the pending roots
+    masks, scores, requests, shifts = [], [], [], []  # per depth: [P * K] kept, [P'] score, request; int
+    base, entries, cells, grown = 0, B, 0, 0  # entry of the first parent; entries; cells of earlier levels
     for d in range(L):
-        for r in range(B):
-            row, t, begin = rows[r][d], tau[r % len(tau)], len(score)
-            best = row[0]
-            for i in range(*spans[r]):
-                s0 = score[i]
-                if s0 + best < t:  # not even the rank-0 child reaches τ
-                    continue
-                c = i * K
-                for v in row:
-                    s = s0 + v
-                    if s < t:  # the row is sorted: every later sibling is below τ too
-                        break
-                    add_score(s)
-                    add_code(c)
-                    c += 1
-            spans[r] = (begin, len(score))
-            counts.append(len(score) - begin)
-        sizes.append(sum(counts[-B:]))
-        if not sizes[-1]:
+        child = score[:, None] + (lp[0, d] if B == 1 else lp[request, d])  # [P, K], summed root to leaf
+        mask = child >= (bound if one else bound[request, None])  # [P, K]
+        score = child[mask]  # [P'] parent-major: (request, rank path) order
+        if not len(score):
             break
-        grown += sizes[-1]
-        if grown > GROWTH * keep * (B if len(tau) > 1 else 1):  # the seed was loose: tighten
-            tau, grown = _tighten(score[B:], counts, tau, keep), 0
-    return np.array(score[B:]), np.array(code[B:], np.int64), counts, sizes
+        if B > 1:
+            request = request.repeat(mask.sum(axis=1))
+        if len(score) > keep:
+            kept = _truncate(score, None if one else request, keep)
+            if kept is not None:
+                mask[mask] = kept
+                score, request = score[kept], request[kept] if B > 1 else request
+        masks.append(mask.ravel())
+        scores.append(score)
+        requests.append(request)
+        shifts.append(base * K - cells)  # cell cells + p * K + k -> code (base + p) * K + k
+        base, entries, cells, grown = entries, entries + len(score), cells + mask.size, grown + len(score)
+        if grown > GROWTH * keep * (1 if one else B):  # the seed was loose: tighten
+            so_far = np.concatenate(scores)
+            bound, grown = _tighten(so_far, None if one else np.concatenate(requests), bound, keep), 0
+    sizes = [len(s) for s in scores]  # [levels]
+    code = np.flatnonzero(np.concatenate(masks)) + np.repeat(shifts, sizes) if masks else np.zeros(0, np.int64)
+    return _sorted_pool(scores, code, sizes, requests if B > 1 else [], B, K)
 
 
-def _sorted_pool(score: np.ndarray, code: np.ndarray, counts: list[int], sizes: list[int], K: int) -> Pool:
-    """Decode the enumeration (depth-major, request, rank path) and sort it best first.
+def _sorted_pool(scores: list[np.ndarray], code: np.ndarray, sizes: list[int], requests: list[np.ndarray], B: int,
+                 K: int) -> Pool:
+    """Sort the enumeration (depth-major, request, rank path) best first.
 
+    scores, requests: per depth, [P] each (requests [] when B = 1); sizes: [levels] P.
     code: [M] parent entry * K + rank, where entries 0..B-1 are the pending roots and
-    entry B + i is candidate i. counts: [level * B + request]; sizes: [level] candidates.
+    entry B + i is candidate i.
     """
-    B = len(counts) // len(sizes)
+    score = np.concatenate(scores) if scores else np.zeros(0)  # [M]
     order = np.argsort(-score, kind="stable")
     position = np.full(B + len(score), -1)  # entry -> pool position; -1 for the roots
     position[B + order] = np.arange(len(order))
     parent, rank = np.divmod(code[order], K)
     depth = np.repeat(np.arange(1, len(sizes) + 1, dtype=np.int32), sizes)
-    if B == 1:
-        request = np.zeros(len(score), np.int64)
-    else:
-        request = np.repeat(np.arange(len(counts)) % B, counts)[order]
+    request = np.concatenate(requests)[order] if requests else np.zeros(len(score), np.int64)
     return Pool(request, depth[order], rank, position[parent], score[order])
 
 
