@@ -115,8 +115,7 @@ class OrtDrafter(PooledDrafter):
         binding = self.draft_session.io_binding()
         for name, array in inputs.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, array in zip(self.pool_names, [*self.pool.keys, *self.pool.values]):
-            view = array[lo:hi]  # [S, Hkv, C, d], bound in place
+        for name, view in zip(self.pool_names, self.pool.layer_views(lo, hi)):  # bound in place
             binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.data_ptr())
         binding.bind_output("logits", "cpu", 0, np.float32, list(sub.shape), sub.ctypes.data)
         self.draft_session.run_with_iobinding(binding)

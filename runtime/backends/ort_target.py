@@ -77,8 +77,7 @@ class OrtTarget(PooledTarget):
         binding = self.session.io_binding()
         for name, array in inputs.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, array in zip(self.pool_names, [*self.pool.keys, *self.pool.values]):
-            view = array[lo:hi]  # [S, Hkv, C, d], contiguous: bound in place
+        for name, view in zip(self.pool_names, self.pool.layer_views(lo, hi)):  # bound in place
             binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.data_ptr())
         outputs = (("logits", logits), ("new_keys", keys), ("new_values", values)) + (
             (("taps", taps),) if taps is not None else ())

@@ -92,6 +92,20 @@ class SlotPool:
         self.in_use[index] = True
         return Slot(self, index, capacity)
 
+    def layer_views(self, lo: int, hi: int) -> list[torch.Tensor]:
+        """Slots [lo, hi) of every layer, keys then values: 2 x layers contiguous [S, Hkv, C, d]
+        views, in the order the batched graphs take them (`batch_graph.pool_input_names`)."""
+        return [*self.keys[:, lo:hi].unbind(0), *self.values[:, lo:hi].unbind(0)]
+
+    def torch_inputs(self, inputs: dict[str, np.ndarray], names: Sequence[str]) -> list[torch.Tensor]:
+        """A pass's numpy inputs `names` as tensors on the pool's device; float masks in its
+        dtype, their fp32 minimum clamped to stay finite in a narrower dtype."""
+        floor, out = torch.finfo(self.dtype).min, []
+        for name in names:
+            value = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device)
+            out.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
+        return out
+
     def reserve(self, rows: int) -> None:
         """At least `rows` columns C (rounded up to `CAPACITY_STEP`). C follows what is written,
         not what requests may reach: every pass attends over all C columns."""

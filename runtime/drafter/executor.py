@@ -47,10 +47,4 @@ class DrafterExecutor(PooledDrafter):
 
     @torch.inference_mode()
     def _draft(self, inputs: dict[str, np.ndarray], lo: int, hi: int) -> torch.Tensor:
-        floor = torch.finfo(self.dtype).min  # the mask's fp32 minimum, kept finite in a narrower dtype
-        args = []
-        for name in self.block.input_names[:4]:
-            value = torch.from_numpy(inputs[name]).to(self.device)
-            args.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
-        pool = [*self.pool.keys[:, lo:hi].unbind(0), *self.pool.values[:, lo:hi].unbind(0)]  # per layer [S, Hkv, C, d]
-        return self.block(*args, *pool)
+        return self.block(*self.pool.torch_inputs(inputs, self.block.input_names[:4]), *self.pool.layer_views(lo, hi))

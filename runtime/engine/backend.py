@@ -56,11 +56,6 @@ class TorchTarget(PooledTarget):
 
     @torch.inference_mode()
     def _forward(self, inputs: dict[str, np.ndarray], lo: int, hi: int):
-        floor = torch.finfo(self.dtype).min  # the masks' fp32 minimum, kept finite in a narrower dtype
-        args = []
-        for name in self.graph.input_names[:7]:
-            value = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device)
-            args.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
-        pool = [*self.pool.keys[:, lo:hi].unbind(0), *self.pool.values[:, lo:hi].unbind(0)]  # per layer [S, Hkv, C, d]
-        logits, keys, values, *taps = self.graph(*args, *pool)
+        args = self.pool.torch_inputs(inputs, self.graph.input_names[:7])
+        logits, keys, values, *taps = self.graph(*args, *self.pool.layer_views(lo, hi))
         return logits, keys, values, taps[0] if taps else None
