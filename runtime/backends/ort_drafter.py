@@ -98,11 +98,11 @@ class OrtDrafter(PooledDrafter):
         print(f"[ort] drafter graphs loaded in {time.perf_counter() - start:.1f} s ({threads} thread(s))",
               file=sys.stderr, flush=True)
 
-    def _context(self, taps: np.ndarray, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _context(self, taps: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         layers, hkv, d = self.pool.shape
         keys, values = (np.empty((len(taps), layers, hkv, d), dtype=np.float32) for _ in range(2))
         binding = self.context_session.io_binding()
-        binding.bind_cpu_input("taps", np.ascontiguousarray(taps, dtype=np.float32))
+        binding.bind_cpu_input("taps", np.ascontiguousarray(taps.cpu(), dtype=np.float32))
         binding.bind_cpu_input("position_ids", positions)
         for name, array in (("context_keys", keys), ("context_values", values)):
             binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)

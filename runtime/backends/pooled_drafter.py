@@ -37,7 +37,7 @@ class PooledDrafter:
         self.draft_vocab = self.vocab_size if self.draft_ids is None else len(self.draft_ids)  # Vd
         self.pool = SlotPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
 
-    def _context(self, taps: np.ndarray, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _context(self, taps: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """taps [T, F], positions [T] -> the rows' K, V [T, layers, Hkv, d]."""
         raise NotImplementedError
 
@@ -72,14 +72,14 @@ class PooledDrafter:
         if sum(sizes) == 0:
             return
         self.pool.reserve(max(s.length + m for s, m in zip(states, sizes)))
-        rows = np.concatenate([t.detach().float().cpu().numpy() for t in taps])  # [T, F]
+        rows = torch.cat([t.detach().float() for t in taps])  # [T, F] where the target left them
         positions = np.concatenate([np.arange(s.length, s.length + m) for s, m in zip(states, sizes)]).astype(np.int64)
         keys, values = self._context(rows, positions)
         row = 0
         for state, m in zip(states, sizes):
             state.pending = (keys, values, row)
-            self.pool.commit(state, np.arange(m))
             row += m
+        self.pool.commit_many(states, [np.arange(m) for m in sizes])
 
     def draft(self, states: Sequence[Slot], roots: Sequence[int]) -> torch.Tensor:
         """Logits [B, L, V] of the marginals q_1..q_L of every request's block."""

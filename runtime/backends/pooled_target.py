@@ -15,11 +15,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from cast_trtllm.masks import ancestor_matrix, position_ids
 from cast_trtllm.tree import Tree
-from runtime.backends.slot_pool import Slot, SlotPool, pack_inputs
+from runtime.backends.slot_pool import Slot, SlotPool, flat_rows, pack_inputs
+from runtime.device_trees import TreeBatch
 from runtime.model.llama import TargetConfig
-from runtime.model.tree_attention_backend import causal_chain
 
 
 class PooledTarget:
@@ -49,22 +48,24 @@ class PooledTarget:
     def prefix_len(self, seq: Slot) -> int:
         return seq.length
 
-    def _run(self, slots: Sequence[Slot], tokens: np.ndarray, positions: np.ndarray, masks: Sequence[np.ndarray],
-             logit_rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """ONE pass over the flattened tokens [T] of `slots` (request b: len(masks[b]) rows, in
-        order). Leaves each slot's new K/V pending; -> logits [m, V], taps [T, F] | None."""
-        for slot, mask in zip(slots, masks):
-            slot.check_room(len(mask))
-        self.pool.reserve(max(slot.length + len(mask) for slot, mask in zip(slots, masks)))
+    def _run(self, slots: Sequence[Slot], tokens: np.ndarray | torch.Tensor, positions: np.ndarray | torch.Tensor,
+             visible: torch.Tensor, sizes: Sequence[int], logit_rows: np.ndarray
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ONE pass over the flattened tokens [T] of `slots` (request b: its first sizes[b] pack
+        rows, seeing `visible[b]` of [B, n, n]). Leaves each slot's new K/V pending;
+        -> logits [m, V], taps [T, F] | None."""
+        for slot, size in zip(slots, sizes):
+            slot.check_room(size)
+        self.pool.reserve(max(slot.length + size for slot, size in zip(slots, sizes)))
         lo, hi = self.pool.slot_range(list(slots))
-        gather, scatter, pack = pack_inputs(slots, masks, lo, hi)
+        gather, scatter, pack = pack_inputs(slots, sizes, visible, lo, hi)
         inputs = {"input_ids": tokens, "position_ids": positions, "gather_rows": gather, "scatter_rows": scatter,
                   "past_mask": self.pool.past_mask(list(slots), lo, hi), "pack_mask": pack, "logit_rows": logit_rows}
         logits, keys, values, taps = self._forward(inputs, lo, hi)
         row = 0
-        for slot, mask in zip(slots, masks):
+        for slot, size in zip(slots, sizes):
             slot.pending = (keys, values, row)
-            row += len(mask)
+            row += size
         return logits, taps
 
     def prefill(self, seq: Slot, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -74,7 +75,8 @@ class PooledTarget:
         tokens = token_ids.cpu().numpy().astype(np.int64)
         n = len(tokens)
         positions = np.arange(seq.length, seq.length + n, dtype=np.int64)
-        out = self._run([seq], tokens, positions, [ancestor_matrix(causal_chain(n))], np.array([n - 1]))
+        causal = torch.ones(1, n, n, dtype=torch.bool, device=self.device).tril()
+        out = self._run([seq], tokens, positions, causal, [n], np.array([n - 1]))
         self.pool.commit(seq, np.arange(n))
         return out
 
@@ -85,11 +87,24 @@ class PooledTarget:
         sizes = [t.num_packed for t in trees]
         if [len(p) for p in packs] != sizes or len(seqs) != len(sizes):
             raise ValueError(f"{len(seqs)} sequences, pack lengths {[len(p) for p in packs]}, tree sizes {sizes}")
-        tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in packs])
-        positions = np.concatenate([position_ids(t, s.length) for s, t in zip(seqs, trees)])
-        return self._run(seqs, tokens, positions, [ancestor_matrix(t) for t in trees],
-                         np.arange(len(tokens), dtype=np.int64))
+        roots = torch.as_tensor([int(p[0]) for p in packs], dtype=torch.int64, device=self.device)
+        return self.verify_trees(seqs, roots, TreeBatch.from_host(trees, self.device), [n - 1 for n in sizes])
+
+    def verify_trees(self, seqs: Sequence[Slot], roots: torch.Tensor, trees: TreeBatch, sizes: Sequence[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ONE pass over every request's pack [root, first sizes[b] nodes of its tree], built
+        on the device from the trees' tensors (no host read). roots: [B] on this device.
+        Returns logits [Σn, V], taps [Σn, F] | None, rows in `flat_rows` order."""
+        tokens, _, depth = trees.pack(roots)  # [B, n]
+        request, row = (torch.from_numpy(a).to(self.device) for a in flat_rows([1 + s for s in sizes]))
+        lengths = torch.as_tensor([s.length for s in seqs], dtype=torch.int64, device=self.device)
+        return self._run(seqs, tokens[request, row], lengths[request] + depth[request, row], trees.ancestors(),
+                         [1 + s for s in sizes], np.arange(len(request), dtype=np.int64))
 
     def commit(self, seq: Slot, kept_rows: np.ndarray) -> None:
         """Keep pack rows [0] + accepted path: K/V -> x∘b∘y_1:A."""
         self.pool.commit(seq, kept_rows)
+
+    def commit_many(self, seqs: Sequence[Slot], kept_rows: Sequence[np.ndarray]) -> None:
+        """`commit` for every request of one pass: one gather-scatter on the device."""
+        self.pool.commit_many(seqs, kept_rows)

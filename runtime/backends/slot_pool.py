@@ -97,12 +97,15 @@ class SlotPool:
         views, in the order the batched graphs take them (`batch_graph.pool_input_names`)."""
         return [*self.keys[:, lo:hi].unbind(0), *self.values[:, lo:hi].unbind(0)]
 
-    def torch_inputs(self, inputs: dict[str, np.ndarray], names: Sequence[str]) -> list[torch.Tensor]:
-        """A pass's numpy inputs `names` as tensors on the pool's device; float masks in its
-        dtype, their fp32 minimum clamped to stay finite in a narrower dtype."""
+    def torch_inputs(self, inputs: dict[str, np.ndarray | torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
+        """A pass's inputs `names` (host arrays or device tensors) as tensors on the pool's device;
+        float masks in its dtype, their fp32 minimum clamped to stay finite in a narrower dtype."""
         floor, out = torch.finfo(self.dtype).min, []
         for name in names:
-            value = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self.device)
+            value = inputs[name]
+            if not isinstance(value, torch.Tensor):
+                value = torch.from_numpy(np.ascontiguousarray(value))
+            value = value.to(self.device)
             out.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
         return out
 
@@ -137,35 +140,55 @@ class SlotPool:
 
     def commit(self, slot: Slot, kept_rows: np.ndarray) -> None:
         """Keep rows `kept_rows` ([m] increasing, relative to the slot's last pass) -> [P, P+m)."""
-        if slot.pending is None:
+        self.commit_many([slot], [kept_rows])
+
+    def commit_many(self, slots: Sequence[Slot], kept_rows: Sequence[np.ndarray]) -> None:
+        """`commit` for every slot of one pass at once: one gather-scatter per pool tensor."""
+        if any(slot.pending is None for slot in slots):
             raise ValueError("commit without a pass: run prefill or verify first")
-        keep = np.asarray(kept_rows, dtype=np.int64)
-        if len(keep) and (keep[0] < 0 or np.any(np.diff(keep) <= 0)):
-            raise ValueError(f"kept rows must be increasing and >= 0, got {keep.tolist()}")
-        keys, values, row = slot.pending
-        m, p = len(keep), slot.length
-        slot.check_room(m)
-        rows = torch.from_numpy(row + keep).to(keys.device)
-        for pool, new in ((self.keys, keys), (self.values, values)):  # pending [T, layers, Hkv, d] -> [layers, Hkv, m, d]
-            pool[:, slot.index, :, p:p + m] = new.index_select(0, rows).permute(1, 2, 0, 3)
-        slot.length += m
-        slot.pending = None
+        source, slot_index, column = [], [], []
+        for slot, kept in zip(slots, kept_rows):
+            keep = np.asarray(kept, dtype=np.int64)
+            if len(keep) and (keep[0] < 0 or np.any(np.diff(keep) <= 0)):
+                raise ValueError(f"kept rows must be increasing and >= 0, got {keep.tolist()}")
+            slot.check_room(len(keep))
+            source.append(slot.pending[2] + keep)
+            slot_index.append(np.full(len(keep), slot.index))
+            column.append(slot.length + np.arange(len(keep)))
+        keys, values = slots[0].pending[:2]
+        if any(slot.pending[0] is not keys for slot in slots):
+            raise ValueError("commit_many takes the slots of one pass")
+        rows, index, cols = (torch.from_numpy(np.concatenate(a)).to(self.device) for a in (source, slot_index, column))
+        for pool, new in ((self.keys, keys), (self.values, values)):  # pending [T, layers, Hkv, d]
+            pool[:, index, :, cols] = new.index_select(0, rows)  # advanced dims first: [m, layers, Hkv, d]
+        for slot, kept in zip(slots, kept_rows):
+            slot.length += len(kept)
+            slot.pending = None
 
 
-def pack_inputs(slots: Sequence[Slot], masks: Sequence[np.ndarray], lo: int, hi: int
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_inputs(slots: Sequence[Slot], sizes: Sequence[int], visible: torch.Tensor, lo: int, hi: int
+                ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """gather_rows [S, n], scatter_rows [T], pack_mask [S, n, n] (`runtime.model.batch_graph`'s
-    inputs) of a flattened batch whose request b (slot `slots[b]`) has the [n_b, n_b]
-    visibility matrix `masks[b]`, over the bound slot range [lo, hi)."""
-    sizes = [len(m) for m in masks]
-    n, offsets = max(sizes), np.cumsum([0] + sizes)
+    inputs) of a flattened batch whose request b (slot `slots[b]`, rows [0, sizes[b]) of its
+    pack) sees `visible[b]` ([B, n, n] bool, on the pool's device), over the bound slot range
+    [lo, hi). The row maps depend on sizes only (host); the mask stays on its device."""
+    n = visible.shape[1]
+    offsets = np.cumsum([0] + list(sizes))
     gather = np.zeros((hi - lo, n), dtype=np.int64)
     scatter = np.empty(offsets[-1], dtype=np.int64)
-    pack = np.full((hi - lo, n, n), MASKED, dtype=np.float32)
-    for slot, mask, size, row in zip(slots, masks, sizes, offsets):
-        s = slot.index - lo
+    index = np.array([slot.index - lo for slot in slots], dtype=np.int64)
+    for s, size, row in zip(index, sizes, offsets):
         gather[s, :size] = np.arange(row, row + size)
         gather[s, size:] = row
         scatter[row:row + size] = s * n + np.arange(size)
-        pack[s, :size, :size] = np.where(mask, 0.0, MASKED)
+    real = torch.arange(n, device=visible.device)[None, :] < torch.as_tensor(list(sizes), device=visible.device)[:, None]
+    pack = torch.full((hi - lo, n, n), MASKED, dtype=torch.float32, device=visible.device)
+    pack[torch.from_numpy(index).to(visible.device)] = torch.where(
+        visible & real[:, None, :] & real[:, :, None], 0.0, MASKED)
     return gather, scatter, pack
+
+
+def flat_rows(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(request, row) of every flattened pack token [T]: request b's rows [0, sizes[b]) in order."""
+    request = np.repeat(np.arange(len(sizes)), sizes)
+    return request, np.arange(len(request)) - np.repeat(np.cumsum([0] + list(sizes))[:-1], sizes)

@@ -42,8 +42,8 @@ class DrafterExecutor(PooledDrafter):
         self.context = ContextGraph(self.drafter, kv_layout="token")
 
     @torch.inference_mode()
-    def _context(self, taps: np.ndarray, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.context(torch.from_numpy(taps).to(self.device, self.dtype), torch.from_numpy(positions).to(self.device))
+    def _context(self, taps: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.context(taps.to(self.device, self.dtype), torch.from_numpy(positions).to(self.device))
 
     @torch.inference_mode()
     def _draft(self, inputs: dict[str, np.ndarray], lo: int, hi: int) -> torch.Tensor:

@@ -117,8 +117,9 @@ class DraftScores:
         """Request b's marginals alone (a view, B = 1)."""
         return DraftScores(self.logits[b: b + 1], self.target_ids, self.vocab_size)
 
-    def topk(self, k: int, positions: int | None = None):
-        """Target ids and log-probs of each position's top k: numpy [B, L', k] each, L' = positions or L."""
+    def topk(self, k: int, positions: int | None = None, host: bool = True):
+        """Target ids and log-probs of each position's top k: [B, L', k] each, L' = positions or L;
+        numpy arrays, or tensors left on the logits' device with host=False."""
         from cast_trtllm.tree import topk_per_position
 
         B, L, Vd = self.logits.shape
@@ -126,7 +127,8 @@ class DraftScores:
         ids, lp = topk_per_position(self.logits[:, :L].reshape(B * L, Vd), k)
         if self.target_ids is not None:
             ids = self.target_ids.to(ids.device)[ids]
-        return ids.cpu().numpy().reshape(B, L, k), lp.cpu().numpy().reshape(B, L, k)
+        ids, lp = ids.reshape(B, L, k), lp.reshape(B, L, k)
+        return (ids.cpu().numpy(), lp.cpu().numpy()) if host else (ids, lp)
 
     def full(self) -> torch.Tensor:
         """Logits over the target vocabulary [B, L, V], -inf outside the draft vocabulary."""

@@ -7,11 +7,14 @@ A round (ARCHITECTURE.md; paper §2, App. C):
   trees  — one tree per request (`runtime.engine.trees`; where N is chosen);
   verify — ONE ragged, ancestor-masked target pass over every request's pack
            [b, z_1..z_N] (a request that does not draft packs the empty tree [b]);
-  walk   — greedy, or Theorem 3's lossless recursive rejection sampling at T > 0;
-  commit — KV compacted to x∘b∘y_1:A; taps of exactly those rows queued for the drafter.
-A single request is B = 1 of the same code. Greedy output is token-identical to AR.
-Timings per request follow App. D: the decode window opens after prefill and the first
-draft; every later round's wall time is split into draft / verify / overhead.
+  walk   — greedy on the device for every plain greedy request, ONE host read per round
+           (`runtime.engine.walks`); Theorem 3's lossless rejection sampling at T > 0 on the host;
+  commit — KV compacted to x∘b∘y_1:A in one device gather; taps of those rows queued for the drafter.
+On CUDA the trees are built on the device too (`runtime.device_trees`); on a CPU, where
+the host search is faster, on the host and uploaded.
+A single request is B = 1 of the same code. Greedy output is token-identical to AR. Timings
+follow App. D: the decode window opens after prefill and the first draft; later rounds split into
+draft / verify / overhead.
 """
 
 from __future__ import annotations
@@ -23,15 +26,16 @@ import torch
 
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.load_probe import LoadProbe
-from cast_trtllm.sampling import sample_tokens
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
-from cast_trtllm.verify import Acceptance, greedy_walk, stochastic_walk
+from cast_trtllm.verify import Acceptance
 from runtime.drafter.executor import DrafterExecutor
 from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
-from runtime.engine.trees import WidthSource, choose_trees, expected_committed
+from runtime.engine.trees import WidthSource, choose_trees, device_trees, expected_committed
+from runtime.engine.walks import HostReads, queue_taps, walk_round
+from runtime.device_trees import TreeBatch
 from runtime.model.llama import LlamaTarget
 from runtime.result import GenerationResult, Stopwatch
 from runtime.stopping import StopChecker
@@ -62,6 +66,7 @@ class LLMEngine:
         self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
         self.probing = False  # this round is the load probe's
         self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
+        self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # host search: faster on a CPU
 
     @property
     def context_window(self) -> int:
@@ -168,19 +173,19 @@ class LLMEngine:
             self._append_contexts([s for s in drafting if s.pending_taps])
             scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
         t1 = clock.now()
-        trees, drafts, masses = self._trees(batch, drafting, scores)
-        packs = [np.concatenate([[s.root], t.tokens]).astype(np.int64) for s, t in zip(batch, trees)]
+        trees, tree_batch, sizes, drafts, masses = self._trees(batch, drafting, scores)
+        roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
         t2 = clock.now()
-        logits, taps = self.target.verify([s.target for s in batch], packs, trees)
+        logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
         t3 = clock.now()
-        finished, row = [], 0
-        for seq, tree, draft in zip(batch, trees, drafts):
-            rows = slice(row, row + tree.num_packed)
-            row += tree.num_packed
-            self._commit(seq, tree, logits[rows], None if taps is None else taps[rows], draft)
-            if seq.done:
-                finished.append(seq)
-                self._release(seq)
+        accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads)
+        kept = [self._commit(seq, tree, acc, processed.get(b), draft)
+                for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
+        self.target.commit_many([s.target for s in batch], kept)  # KV compaction: one gather on the device
+        queue_taps(batch, sizes, kept, taps)
+        finished = [s for s in batch if s.done]
+        for seq in finished:
+            self._release(seq)
         t4 = clock.now()
         self._account(batch, trees, masses, drafting, (t0, t1, t2, t3, t4))
         self.active = [s for s in batch if not s.done]
@@ -207,47 +212,42 @@ class LLMEngine:
         return DraftScores(logits, None, logits.shape[-1])
 
     def _trees(self, batch: list[Sequence], drafting: list[Sequence], scores: DraftScores | None):
-        """Per request: its tree (empty when not drafting), its draft (None: undrafted) and auto's masses."""
-        trees, drafts, masses = [Tree.empty()] * len(batch), [None] * len(batch), [None] * len(batch)
+        """(host trees, or None: built on the device; TreeBatch; nodes; drafts; auto's masses) per request."""
+        B, drafts, masses = len(batch), [None] * len(batch), [None] * len(batch)
         if scores is None:
-            return trees, drafts, masses
-        ids, lp = scores.topk(self.spec.rank_cap, self.spec.draft_positions(scores.num_positions))  # [B', L, K]
-        chosen, chosen_masses = choose_trees([s.method for s in drafting], [s.budget for s in drafting],
-                                             [self.target.prefix_len(s.target) for s in drafting], ids, lp,
-                                             self.spec, self.width, [s.acceptance_scale for s in drafting])
-        index = {id(s): j for j, s in enumerate(drafting)}
-        for b, seq in enumerate(batch):
-            if id(seq) in index:
-                j = index[id(seq)]
-                trees[b], drafts[b], masses[b] = chosen[j], scores.row(j), chosen_masses[j]
-        return trees, drafts, masses
+            trees = [Tree.empty()] * B
+            return trees, TreeBatch.from_host(trees, self.target.device), [0] * B, drafts, masses
+        ids, lp = scores.topk(self.spec.rank_cap, self.spec.draft_positions(scores.num_positions),
+                              host=not self.device_trees)  # [B', L, K]
+        args = ([s.method for s in drafting], [s.budget for s in drafting],
+                [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width,
+                [s.acceptance_scale for s in drafting])
+        where = [b for b, seq in enumerate(batch) if id(seq) in {id(s) for s in drafting}]
+        if self.device_trees:
+            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads)
+            trees, tree_batch = None, chosen.scatter(torch.as_tensor(where, device=ids.device), B)
+        else:
+            chosen, chosen_masses = choose_trees(*args)
+            trees = [chosen[where.index(b)] if b in where else Tree.empty() for b in range(B)]
+            tree_batch, size = TreeBatch.from_host(trees, self.target.device), [t.size for t in chosen]
+        sizes = [0] * B
+        for j, b in enumerate(where):
+            sizes[b], drafts[b], masses[b] = size[j], scores.row(j), chosen_masses[j]
+        return trees, tree_batch, sizes, drafts, masses
 
-    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft: DraftScores | None) -> Acceptance:
-        """Accept a path of the verified tree. logits: [n, V] processed; draft: its block marginals (unused here)."""
-        params = seq.request.sampling
-        if params.greedy:
-            return greedy_walk(tree, logits.argmax(dim=-1))
-        if tree.size == 0:  # AR step: the same law and generator use as plain sampling
-            token = int(sample_tokens(logits[-1:].cpu(), params, seq.generator)[0])
-            return Acceptance(np.zeros(0, np.int64), np.zeros(0, np.int64), token)
-        return stochastic_walk(tree, logits, params, seq.generator)
-
-    def _commit(self, seq: Sequence, tree: Tree, logits: torch.Tensor, taps: torch.Tensor | None,
-                draft: DraftScores | None) -> None:
-        """Walk one verified pack and commit it. logits: [n, V]; taps: [n, F]."""
-        logits = seq.processed(tree, logits)  # the walk and logprobs see the law after min_tokens / bad_words
-        acc = self._walk(seq, tree, logits, draft)
+    def _commit(self, seq: Sequence, tree: Tree, acc: Acceptance, logits: torch.Tensor | None,
+                draft: DraftScores | None) -> np.ndarray:
+        """Record one walked pack; -> the pack rows whose K/V stay. logits: [n, V] processed
+        (None when the walk ran on the device: nothing on the host needs them)."""
         keep, seq.finish_reason = seq.stop.check(seq.tokens, acc.committed.tolist())
         kept_rows = np.concatenate([[0], acc.path[: min(keep, acc.num_accepted)]]).astype(np.int64)
-        self.target.commit(seq.target, kept_rows)
         seq.emit(acc, keep, logits)
         seq.accept_lengths.append(keep)
         seq.budgets.append(tree.size)
         seq.drafted.append(draft is not None)
         if not seq.done:
             seq.root = acc.next_root
-            if taps is not None and seq.method != "ar":
-                seq.pending_taps.append(taps[torch.from_numpy(kept_rows).to(taps.device)])
+        return kept_rows
 
     def _account(self, batch: list[Sequence], trees: list[Tree], masses: list, drafting: list[Sequence],
                  marks) -> None:

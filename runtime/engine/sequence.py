@@ -119,7 +119,7 @@ class Sequence:
         self._keep_logprobs(row, [token])
         return token
 
-    def emit(self, acc: Acceptance, keep: int, logits: torch.Tensor) -> None:
+    def emit(self, acc: Acceptance, keep: int, logits: torch.Tensor | None) -> None:
         """Append a round's first `keep` committed tokens. logits: [n, V] the processed pack rows."""
         tokens = acc.committed[:keep].tolist()
         if self.request.logprobs is not None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
+import torch
 
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree, allocate_shared_budget, build_chain, build_tree, sorted_prefix_masses
+from runtime.device_trees import TreeBatch, best_first, chain
 
 
 class WidthChooser(Protocol):
@@ -92,3 +94,58 @@ class MeanBudget:
         from types import SimpleNamespace
 
         return SimpleNamespace(budget=min(self.per_request * batch, len(masses_desc)))
+
+
+def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_lens: Sequence[int],
+                 ids: torch.Tensor, lp: torch.Tensor, spec: SpecConfig, width: WidthSource | None,
+                 scales: Sequence[float], read: Callable[[torch.Tensor], np.ndarray]
+                 ) -> tuple[TreeBatch, list[int], list[np.ndarray | None]]:
+    """`choose_trees` on the device: ids, lp [B, L, K] stay there; -> the trees (TreeBatch),
+    each request's size and auto's masses. Fixed budgets and chains read nothing; `auto`
+    reads its candidates' scores once (its width rule runs on the host)."""
+    B, L, _ = ids.shape
+    cast = [b for b, m in enumerate(methods) if m == "cast"]
+    auto = [b for b in cast if budgets[b] == AUTO]
+    sizes = [L if m == "chain" else 0 if b in auto else int(budgets[b]) for b, m in enumerate(methods)]
+    rule = None
+    if auto:
+        if width is None:
+            raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
+        rule = width(max(prefix_lens[b] for b in auto))
+    reach = rule.max_budget if len(auto) == 1 else max(rule.max_budget, spec.max_request_width) if auto else 0
+    widest = max([sizes[b] for b in cast if b not in auto] + [min(reach, spec.max_nodes(L))])  # one search for all
+    trees = chain(ids, lp)
+    if widest > 0:
+        is_cast = torch.zeros(B, dtype=torch.bool, device=ids.device)
+        is_cast[cast] = True
+        trees = TreeBatch.where(is_cast, best_first(ids, lp, widest), trees)
+    masses: list[np.ndarray | None] = [None] * B
+    if auto:
+        pick = torch.as_tensor(auto, device=ids.device)
+        host = read(torch.cat([trees.score[pick, :widest], trees.depth[pick, :widest].double()], 1))
+        _auto_sizes(auto, host[:, :widest], host[:, widest:], rule, spec, L, scales, sizes, masses)
+    return trees.head(torch.as_tensor(sizes, device=ids.device)), sizes, masses
+
+
+def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: WidthChooser, spec: SpecConfig, L: int,
+                scales: Sequence[float], sizes: list[int], masses: list) -> None:
+    """auto's widths from its requests' best-first scores [A, W] (and depths, for the tie
+    order): one request by its own masses; several by ONE shared budget from their pooled
+    masses, split by global best-first mass (Proposition 2), each capped at max_request_width."""
+    limit = min(rule.max_budget * len(auto), spec.max_nodes(L) * len(auto))
+    for j, b in enumerate(auto):
+        mass = np.exp(score[j][np.isfinite(score[j])][: limit // len(auto)])
+        masses[b] = np.minimum(mass * scales[b], 1.0)
+    if len(auto) == 1:
+        sizes[auto[0]] = min(int(rule.choose(masses[auto[0]], batch=1).budget), len(masses[auto[0]]))
+        return
+    pooled = np.sort(np.concatenate([masses[b] for b in auto]))[::-1][:limit]
+    total = int(rule.choose(pooled, batch=len(auto)).budget)
+    cap = min(spec.max_request_width, score.shape[1])
+    s, d = score[:, :cap], depth[:, :cap]
+    request = np.broadcast_to(np.arange(len(auto))[:, None], s.shape)
+    finite = np.isfinite(s)
+    order = np.lexsort((request[finite], d[finite], -s[finite]))[:total]  # score, shorter, request
+    counts = np.bincount(request[finite][order], minlength=len(auto))
+    for j, b in enumerate(auto):
+        sizes[b] = int(counts[j])

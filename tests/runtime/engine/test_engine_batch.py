@@ -73,31 +73,38 @@ class NoisyOracle:
         return logits
 
 
-def _engine(target, drafter, width=None, **spec):
-    return LLMEngine(target, drafter, spec=SpecConfig(**spec), width=(lambda prefix: width) if width else None)
+def _engine(target, drafter, width=None, device_trees=False, **spec):
+    engine = LLMEngine(target, drafter, spec=SpecConfig(**spec), width=(lambda prefix: width) if width else None)
+    engine.device_trees = device_trees  # True: trees built as tensors, as on CUDA (`runtime.device_trees`)
+    return engine
 
 
-def test_batched_greedy_mixed_methods_in_one_batch_equal_single_request_ar(target):
+@pytest.mark.parametrize("device_trees", [False, True])
+def test_batched_greedy_mixed_methods_in_one_batch_equal_single_request_ar(target, device_trees):
     ps, max_new = prompts(8), 12
     refs = [ar_greedy(target, p, max_new) for p in ps]
     continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
     # shared-budget "auto" requests ride along with chain, AR and fixed-N requests
     methods = [("cast", "auto")] * 4 + [("chain", None), ("ar", None), ("cast", 3), ("cast", 12)]
     reqs = [Request(p, max_new, method=m, budget=n) for p, (m, n) in zip(ps, methods)]
-    results = _engine(target, NoisyOracle(continuations, seed=1), MeanBudget(4), draft_gate=False).generate(reqs)
+    results = _engine(target, NoisyOracle(continuations, seed=1), MeanBudget(4), device_trees,
+                      draft_gate=False).generate(reqs)
     assert [r.token_ids for r in results] == refs
     lengths = [a for r in results for a in r.accept_lengths]
     assert max(lengths) > 2 and min(lengths) == 1  # mixed acceptance
     assert [r.method for r in results] == [m for m, _ in methods]
 
 
-def test_best_first_splits_the_shared_budget_unequally_and_caps_it(target):
+@pytest.mark.parametrize("device_trees", [False, True])
+def test_best_first_splits_the_shared_budget_unequally_and_caps_it(target, device_trees):
     ps = prompts(8, seed=5)
     continuations = [list(p) + ar_greedy(target, p, 20) for p in ps]
-    engine = _engine(target, NoisyOracle(continuations, seed=2), MeanBudget(3), max_request_width=7, draft_gate=False)
+    engine = _engine(target, NoisyOracle(continuations, seed=2), MeanBudget(3), device_trees, max_request_width=7,
+                     draft_gate=False)
     results = engine.generate([Request(p, 8) for p in ps])
     first = [r.budgets[0] for r in results]
     assert sum(first) == 3 * 8 and max(first) <= 7 and len(set(first)) > 1
+    assert [r.token_ids for r in results] == [ar_greedy(target, p, 8) for p in ps]
 
 
 def test_best_first_with_a_width_profile_uses_the_batched_stopping_rule(target):
