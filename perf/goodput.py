@@ -50,7 +50,7 @@ class PoolRun:
     queue: deque[Request]
     slots: int
     served: dict[str, LiveRequest] = field(default_factory=dict)
-    decode_s: float = 0.0  # wall time of the decode rounds only
+    decode_s: float = 0.0  # wall time of the rounds that decode (a joining prompt's chunk rides some of them)
     committed: int = 0  # tokens committed by decode rounds
     round_lengths: list[int] = field(default_factory=list)  # R per request-round
     packed: list[int] = field(default_factory=list)  # verify tokens per batched round
@@ -63,12 +63,11 @@ class PoolRun:
         """Admit queued requests into free slots, run one timed round; returns requests finished."""
         finished = 0
         while self.queue and len(self.decoder.active) < self.slots:
-            seq = self.decoder.add_request(self.queue.popleft())  # prefill: not timed
+            seq = self.decoder.add_request(self.queue.popleft())
             self.served[seq.request.request_id] = seq
-            finished += seq.done  # finished on its first token
-        batch = list(self.decoder.active)
-        if not batch:
-            return finished
+        batch = [s for s in self.decoder.active if not s.prefilling]  # decoding this round
+        if not batch:  # prompts only (their chunks): not a decode round
+            return finished + len(self.decoder.step())
         start = time.perf_counter()
         finished += len(self.decoder.step())
         self.decode_s += time.perf_counter() - start

@@ -27,9 +27,10 @@ def profile_rounds(engine: Any, prompts: list[list[int]], max_new_tokens: int, b
     ms per round of each part, of the round and per token."""
     from runtime.engine.sequence import Request
 
-    spent: dict[str, float] = defaultdict(float)
+    spent: dict[str, float] = defaultdict(float)  # every call
+    decode: dict[str, float] = defaultdict(float)  # the decode rounds' calls
     timed = {"append_context": (engine.drafter, "append_context"), "trees": (engine, "_trees"),
-             "verify": (engine.target, "verify"), "commit": (engine, "_commit"),
+             "verify": (engine.target, "verify_trees"), "commit": (engine, "_commit"),
              "draft": (engine, "_draft")}
     originals = {key: getattr(obj, name) for key, (obj, name) in timed.items() if obj is not None}
 
@@ -50,11 +51,16 @@ def profile_rounds(engine: Any, prompts: list[list[int]], max_new_tokens: int, b
     try:
         for ids in prompts:
             seq = engine.add_request(Request(prompt_ids=ids, max_new_tokens=max_new_tokens, budget=budget))
+            while seq.prefilling:  # the prompt's own rounds (its chunks) are not decode rounds
+                engine.step()
+            prefill = dict(spent)
             start = time.perf_counter()
             while engine.active:
                 engine.step()
                 rounds += 1
             wall += time.perf_counter() - start
+            for key in list(spent):
+                decode[key] += spent[key] - prefill.get(key, 0.0)
             tokens += len(seq.tokens) - 1  # the first token came with the prefill
     finally:
         for key in originals:
@@ -63,7 +69,7 @@ def profile_rounds(engine: Any, prompts: list[list[int]], max_new_tokens: int, b
                 delattr(obj, name)
     if rounds == 0:
         raise click.UsageError("no round ran: every prompt finished at its first token")
-    per_round = {PARTS[k]: 1e3 * spent[k] / rounds for k in PARTS if k in spent}
+    per_round = {PARTS[k]: 1e3 * decode[k] / rounds for k in PARTS if k in decode}
     return {"rounds": rounds, "tokens": tokens, "ms_per_round": 1e3 * wall / rounds,
             "ms_per_token": 1e3 * wall / max(tokens, 1), "parts_ms_per_round": per_round}
 

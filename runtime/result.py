@@ -26,8 +26,8 @@ class Timings:
     prefill AND the first draft for chain/CAST (just before the first verify); it closes
     after the final truncation. draft + verify + overhead = decode."""
 
-    ttft_ms: float = 0.0  # prompt prefill through the first token
-    prefill_ms: float = 0.0  # ttft + drafter feature-cache fill of the prompt
+    ttft_ms: float = 0.0  # admission through the first token (its prompt's chunked prefill included)
+    prefill_ms: float = 0.0  # the same: the drafter takes the prompt's taps in its next context pass
     first_draft_ms: float = 0.0  # excluded from the window
     decode_ms: float = 0.0
     draft_ms: float = 0.0  # drafter calls + feature-cache appends, inside the window

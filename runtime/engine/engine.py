@@ -33,8 +33,10 @@ from runtime.drafter.executor import DrafterExecutor
 from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
-from runtime.engine.trees import WidthSource, choose_trees, device_trees, expected_committed
-from runtime.engine.walks import HostReads, queue_taps, walk_round
+from runtime.engine.trees import WidthSource, choose_trees, device_trees
+from runtime.engine.accounting import account
+from runtime.engine.prefill import first_tokens, take_chunks
+from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
 from runtime.device_trees import TreeBatch
 from runtime.model.llama import LlamaTarget
 from runtime.result import GenerationResult, Stopwatch
@@ -51,7 +53,11 @@ class LLMEngine:
         spec: SpecConfig = SpecConfig(),
         width: WidthSource | None = None,
         cost: Any = None,  # learns the live cost curve: observe_verify(packed, ms, batch), observe_draft(ms, batch)
+        max_num_tokens: int = 512,  # tokens per round's pass: decode packs, then prompt chunks in what is left
     ) -> None:
+        if not isinstance(max_num_tokens, int) or max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens (tokens per round) must be an integer >= 1, got {max_num_tokens!r}")
+        self.max_num_tokens = max_num_tokens
         if drafter is not None:
             spec.check_budget_fits(spec.budget, drafter.num_draft_positions)
         taps = drafter.tap_layer_ids if drafter is not None else ()
@@ -92,7 +98,8 @@ class LLMEngine:
         return L if method == "chain" else self.spec.max_nodes(L) if budget == AUTO else int(budget)
 
     def add_request(self, req: Request) -> Sequence:
-        """Prefill a request and emit its first token (its first pending root)."""
+        """Admit a request: check it and take its cache slots. Its prompt is prefilled inside the
+        coming rounds, in chunks under the per-round token budget, then its first token is sampled."""
         method, budget = self.check_request(req)
         window = self.context_window
         n = len(req.prompt_ids)
@@ -112,21 +119,8 @@ class LLMEngine:
         )
         if seq.gate is not None and self.last_gate is not None:  # under load it decides from the table at once;
             seq.gate.inherit(self.last_gate)  # alone it still drafts its first rounds, its masses seeded by these
-        t = seq.timings
-        start = self.clock.now()
-        logits, taps = self.target.prefill(target, torch.as_tensor(req.prompt_ids, dtype=torch.int64))
-        root = seq.sample_first(logits[-1:].cpu())  # min_tokens / bad_words applied, logprobs kept
-        t.ttft_ms = (self.clock.now() - start) * 1e3
-        keep, seq.finish_reason = seq.stop.check([], [root])
-        seq.tokens += [root][:keep]
-        if not seq.done:
-            seq.root = root
-            if method != "ar":
-                self.drafter.append_context(seq.draft_state, taps)
-            self.active.append(seq)
-        else:
-            self._release(seq)
-        t.prefill_ms = (self.clock.now() - start) * 1e3
+        seq.arrival = self.clock.now()  # its prompt is prefilled in the coming rounds (`step`)
+        self.active.append(seq)
         return seq
 
     def abort(self, seq: Sequence, reason: str = "aborted") -> None:
@@ -165,8 +159,9 @@ class LLMEngine:
         """One round for every live request. Returns the requests that finished."""
         if not self.active:
             return []
-        batch, clock = self.active, self.clock
+        clock, live = self.clock, self.active
         t0 = clock.now()
+        batch = [s for s in live if not s.prefilling]  # decoding; prompt chunks ride the same pass
         drafting = self._drafts(batch)
         scores = None
         if drafting:
@@ -174,21 +169,26 @@ class LLMEngine:
             scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
         t1 = clock.now()
         trees, tree_batch, sizes, drafts, masses = self._trees(batch, drafting, scores)
+        rows = sum(1 + n for n in sizes)  # decode rows of the pass
+        chunks = take_chunks([s for s in live if s.prefilling], self.max_num_tokens - rows, not batch)
         roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
         t2 = clock.now()
-        logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
+        logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes,
+                                                [(s.target, ids) for s, ids in chunks])
         t3 = clock.now()
-        accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads)
+        accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits[:rows], self.host_reads,
+                                            lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
         kept = [self._commit(seq, tree, acc, processed.get(b), draft)
                 for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
-        self.target.commit_many([s.target for s in batch], kept)  # KV compaction: one gather on the device
+        self.target.commit_many([s.target for s in batch] + [s.target for s, _ in chunks],  # KV compaction:
+                                kept + [np.arange(len(ids)) for _, ids in chunks])  # one gather on the device
         queue_taps(batch, sizes, kept, taps)
-        finished = [s for s in batch if s.done]
+        first_tokens(chunks, logits[rows:], None if taps is None else taps[rows:], clock.now())
+        finished = [s for s in live if s.done]
         for seq in finished:
             self._release(seq)
-        t4 = clock.now()
-        self._account(batch, trees, masses, drafting, (t0, t1, t2, t3, t4))
-        self.active = [s for s in batch if not s.done]
+        account(self, batch, trees, masses, drafting, (t0, t1, t2, t3, clock.now()), prefilled=bool(chunks))
+        self.active = [s for s in live if not s.done]
         return finished
 
     def _append_contexts(self, seqs: list[Sequence]) -> None:
@@ -235,6 +235,11 @@ class LLMEngine:
             sizes[b], drafts[b], masses[b] = size[j], scores.row(j), chosen_masses[j]
         return trees, tree_batch, sizes, drafts, masses
 
+    def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft: DraftScores | None) -> Acceptance:
+        """A host walk of one verified pack (logits [n, V] processed; draft: its block's marginals,
+        unused here: a relaxed-rule engine reads them)."""
+        return host_walk(seq, tree, logits)
+
     def _commit(self, seq: Sequence, tree: Tree, acc: Acceptance, logits: torch.Tensor | None,
                 draft: DraftScores | None) -> np.ndarray:
         """Record one walked pack; -> the pack rows whose K/V stay. logits: [n, V] processed
@@ -248,48 +253,6 @@ class LLMEngine:
         if not seq.done:
             seq.root = acc.next_root
         return kept_rows
-
-    def _account(self, batch: list[Sequence], trees: list[Tree], masses: list, drafting: list[Sequence],
-                 marks) -> None:
-        """App. D timings and the draft gate's readings, per request."""
-        t0, t1, t2, t3, t4 = marks
-        draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
-        if self.cost is not None:  # every round measures the live configuration's costs
-            self.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
-            if drafting:  # what drafting adds: the drafter call and the tree host work
-                self.cost.observe_draft(draft_ms + (t2 - t1) * 1e3, len(drafting))
-        overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
-        drafted = {id(s) for s in drafting}
-        for seq, tree, mass in zip(batch, trees, masses):
-            t = seq.timings
-            first = seq.num_rounds == 1
-            if first and id(seq) in drafted:  # the first draft is outside the decode window
-                t.first_draft_ms = draft_ms
-            else:
-                t.draft_ms += draft_ms
-                t.decode_ms += draft_ms
-            seq.round_ms.append((t4 - t0) * 1e3 - (t.first_draft_ms if first else 0.0))
-            if mass is not None:  # a drafted auto round: how its forecast compares with what committed
-                seq.forecast += expected_committed(tree, self._beta(seq)) - 1.0
-                seq.accepted += seq.accept_lengths[-1] - 1
-            t.verify_ms += verify_ms
-            t.overhead_ms += overhead_ms
-            t.decode_ms += verify_ms + overhead_ms
-            if seq.gate is not None:
-                was = id(seq) in drafted
-                expected = expected_committed(tree, self._beta(seq)) if was else None
-                seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                                packed=tree.num_packed if was else None, masses=mass, batch=len(batch))
-                seq.draft_next = seq.gate.draft_next()
-                if was and seq.gate.masses is not None:
-                    self.last_gate = seq.gate
-        if self.probing:
-            self.load_probe.confirmed(still_ar=not any(s.draft_next for s in batch if s.gate is not None))
-
-    def _beta(self, seq: Sequence) -> float:
-        if seq.budget == AUTO and self.width is not None:
-            return float(self.width(self.target.prefix_len(seq.target)).mass_exponent)
-        return 1.0
 
     # ------------------------------------------------------------------ run to completion
     def generate(self, requests: Seq[Request]) -> list[GenerationResult]:

@@ -82,6 +82,8 @@ class Sequence:
     processor: LogitProcessor | None = None  # min_tokens / bad_words (None: nothing to apply)
     draft_next: bool = True  # whether the next round drafts (the gate's call)
     root: int = -1  # pending root b
+    prefilled: int = 0  # prompt tokens already run through the target (chunked prefill)
+    arrival: float = 0.0  # clock reading when the engine admitted it (TTFT counts from here)
     pending_taps: list[torch.Tensor] = field(default_factory=list)  # committed, not yet in the drafter
     tokens: list[int] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)
@@ -132,6 +134,11 @@ class Sequence:
             lp, top = token_logprobs(rows, tokens, self.request.logprobs)
             self.logprobs += lp
             self.top_logprobs += top
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether part of its prompt still waits for a round."""
+        return self.prefilled < len(self.request.prompt_ids)
 
     @property
     def done(self) -> bool:

@@ -114,11 +114,14 @@ def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_le
         rule = width(max(prefix_lens[b] for b in auto))
     reach = rule.max_budget if len(auto) == 1 else max(rule.max_budget, spec.max_request_width) if auto else 0
     widest = max([sizes[b] for b in cast if b not in auto] + [min(reach, spec.max_nodes(L))])  # one search for all
-    trees = chain(ids, lp)
+    trees = chain(ids, lp) if len(cast) < B else None
     if widest > 0:
+        searched = best_first(ids, lp, widest)
         is_cast = torch.zeros(B, dtype=torch.bool, device=ids.device)
         is_cast[cast] = True
-        trees = TreeBatch.where(is_cast, best_first(ids, lp, widest), trees)
+        trees = searched if trees is None else TreeBatch.where(is_cast, searched, trees)
+    elif trees is None:  # every cast request asked for N = 0
+        trees = chain(ids, lp)
     masses: list[np.ndarray | None] = [None] * B
     if auto:
         pick = torch.as_tensor(auto, device=ids.device)

@@ -11,7 +11,7 @@ processing by `greedy_walk` on the processed argmax.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -51,12 +51,13 @@ def on_device(seq) -> bool:
 
 
 def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch, sizes: Sequence[int],
-               roots: torch.Tensor, logits: torch.Tensor, read: HostReads
+               roots: torch.Tensor, logits: torch.Tensor, read: HostReads, walk: Callable
                ) -> tuple[list[Acceptance], list[Tree], dict[int, torch.Tensor]]:
     """Each request's Acceptance, the round's host trees (`trees`, or, when the trees were
     built on the device (None), read back in the same transfer) and the processed rows
     [n_b, V] of the requests walked on the host (by batch index). sizes: nodes packed per
-    request; logits: [Σn, V] the pass's rows in `flat_rows` order."""
+    request; logits: [Σn, V] the pass's rows in `flat_rows` order; walk(b, tree, processed rows)
+    walks request b on the host (the engine's `_walk`: `host_walk`, or a relaxed rule's)."""
     packed = [1 + s for s in sizes]
     offsets = np.cumsum([0] + packed)
     accs: list[Acceptance | None] = [None] * len(batch)
@@ -89,7 +90,7 @@ def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch,
     for b, seq in enumerate(batch):
         if accs[b] is None:  # the walk and logprobs see the law after min_tokens / bad_words
             processed[b] = seq.processed(trees[b], logits[offsets[b]: offsets[b] + trees[b].num_packed])
-            accs[b] = host_walk(seq, trees[b], processed[b])
+            accs[b] = walk(b, trees[b], processed[b])
     return accs, trees, processed  # type: ignore[return-value]
 
 

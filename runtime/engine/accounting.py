@@ -1,0 +1,56 @@
+"""A round's bookkeeping after its commit: App. D timings per request, the live cost
+model's readings, and each draft gate's record of what its round cost and committed."""
+
+from __future__ import annotations
+
+from cast_trtllm.spec_config import AUTO
+from cast_trtllm.tree import Tree
+from runtime.engine.sequence import Sequence
+from runtime.engine.trees import expected_committed
+
+
+def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, drafting: list[Sequence],
+            marks, prefilled: bool) -> None:
+    """marks: (t0 start, t1 drafted, t2 trees built, t3 verified, t4 committed) in seconds;
+    prefilled: prompt chunks rode this round's pass (its verify time is not a verify reading)."""
+    t0, t1, t2, t3, t4 = marks
+    draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
+    if engine.cost is not None and batch:  # every round measures the live configuration's costs
+        if not prefilled:
+            engine.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
+        if drafting:  # what drafting adds: the drafter call and the tree host work
+            engine.cost.observe_draft(draft_ms + (t2 - t1) * 1e3, len(drafting))
+    overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
+    drafted = {id(s) for s in drafting}
+    for seq, tree, mass in zip(batch, trees, masses):
+        t = seq.timings
+        first = seq.num_rounds == 1
+        if first and id(seq) in drafted:  # the first draft is outside the decode window
+            t.first_draft_ms = draft_ms
+        else:
+            t.draft_ms += draft_ms
+            t.decode_ms += draft_ms
+        seq.round_ms.append((t4 - t0) * 1e3 - (t.first_draft_ms if first else 0.0))
+        if mass is not None:  # a drafted auto round: how its forecast compares with what committed
+            seq.forecast += expected_committed(tree, _beta(engine, seq)) - 1.0
+            seq.accepted += seq.accept_lengths[-1] - 1
+        t.verify_ms += verify_ms
+        t.overhead_ms += overhead_ms
+        t.decode_ms += verify_ms + overhead_ms
+        if seq.gate is not None:
+            was = id(seq) in drafted
+            expected = expected_committed(tree, _beta(engine, seq)) if was else None
+            seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
+                            packed=tree.num_packed if was else None, masses=mass, batch=len(batch))
+            seq.draft_next = seq.gate.draft_next()
+            if was and seq.gate.masses is not None:
+                engine.last_gate = seq.gate
+    if engine.probing:
+        engine.load_probe.confirmed(still_ar=not any(s.draft_next for s in batch if s.gate is not None))
+
+
+def _beta(engine, seq: Sequence) -> float:
+    """Calibration exponent of the node masses of an `auto` request (1 for the others)."""
+    if seq.budget == AUTO and engine.width is not None:
+        return float(engine.width(engine.target.prefix_len(seq.target)).mass_exponent)
+    return 1.0
