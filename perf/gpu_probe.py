@@ -4,9 +4,6 @@ timed by the one latency probe (`runtime.engine.latency_probe`)."""
 
 from __future__ import annotations
 
-import torch
-
-from perf.gpu_round_loop import random_target
 from runtime.engine.backend import TorchTarget
 from runtime.engine.latency_probe import LatencyProbe, Stats, random_prompt
 from runtime.model.llama import TargetConfig

@@ -1,7 +1,8 @@
 """Export-friendly mirrors of the DFlash drafter's forwards (same weights, shared, not copied).
 
-`DFlashDrafter` writes into a `KVCache` and takes a Python attention backend, neither of
-which traces to ONNX; these modules run the same layers over explicit tensors instead:
+`DFlashDrafter.forward` (training's) writes through a cache object and takes a Python
+attention backend, neither of which traces to ONNX; these modules run the same layers over
+explicit tensors instead:
 
   DraftGraph    one DFlash block pass [b, mask...] over the feature cache (the draft engine);
   ContextGraph  target taps of committed positions -> the drafter's feature-cache K/V.

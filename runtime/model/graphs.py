@@ -1,13 +1,12 @@
 """Export-friendly mirror of the target's verify pass, and its ONNX exporter.
 
-`LlamaTarget.forward` writes into a preallocated KV cache and takes a Python attention
-backend, neither of which traces to ONNX; `VerifyGraph` runs the same layers
+`VerifyGraph` runs the target's layers
 (`runtime.model.layers` RMSNorm / RoPE / gated MLP, the target's own Linear weights,
-shared, not copied) over explicit tensors instead: one ancestor-masked pass over a pack
+shared, not copied) over explicit tensors: one ancestor-masked pass over a pack
 [b, z_1..z_N] at positions P + depth, reading the committed prefix's K/V and returning the
-pack's own K/V rows. The runtime's onnxruntime backend (`runtime.backends.ort_target`)
-and the engine builder (`engine_builder.onnx_export`) both export it through
-`export_verify_graph`.
+pack's own K/V rows, for the TensorRT path: the engine builder (`engine_builder.onnx_export`)
+exports it through `export_verify_graph`. (The runtime's own batched pass is
+`runtime.model.batch_graph.BatchVerifyGraph`.)
 
 KV layouts (`kv_layout`):
   "layer"  past_keys [layers, P, Hkv, d], new_keys [layers, n, Hkv, d] (the build manifest's);
