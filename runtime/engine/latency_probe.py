@@ -109,15 +109,17 @@ class LatencyProbe:
         self.clock = Stopwatch(backend.device)
         self.rng = np.random.default_rng(seed)
         capacity = self.prefix + max_packed + block
-        self.seqs, taps = [], []
-        for _ in range(batch):  # every request prefills through the backend, as the engine's do
-            self.seqs.append(backend.new_sequence(capacity))
-            taps.append(backend.prefill(self.seqs[-1], prompt)[1])
-        self.states = []
-        if drafter is not None:
-            self.states = [drafter.new_state(capacity) for _ in range(batch)]
-            drafter.append_contexts(self.states, taps)
-        self.check_prefix()
+        self.seqs, self.states, taps = [], [], []
+        try:
+            for _ in range(batch):  # every request prefills through the backend, as the engine's do
+                self.seqs.append(backend.new_sequence(capacity))
+                taps.append(backend.prefill(self.seqs[-1], prompt)[1])
+            if drafter is not None:
+                self.states = [drafter.new_state(capacity) for _ in range(batch)]
+                drafter.append_contexts(self.states, taps)
+        except BaseException:
+            self.close()  # no slot stays taken by a probe that never ran
+            raise
 
     def close(self) -> None:
         """Give every slot back to the backend's (and drafter's) pool."""
