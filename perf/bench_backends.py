@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from perf.bench_tree import cpu_model
 from perf.plots import plt, save_figure
+from runtime.device import cpu_model
 from runtime.engine.backend import TorchTarget
 from runtime.engine.latency_probe import LatencyProbe, probe_tree, random_prompt
 from runtime.model.llama import LlamaTarget
