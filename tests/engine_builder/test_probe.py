@@ -76,6 +76,8 @@ def test_probe_times_the_engines_batched_pass_of_b_packs_and_keeps_every_prefix(
 def test_probe_rejects_a_prefix_beyond_the_context_window(tiny):
     with pytest.raises(ValueError, match="context window"):
         measure(*tiny, ProbeSettings(prefix_lengths=(1020,), packed_counts=(1, 4)))
+    with pytest.raises(ValueError, match="--backend must be one of"):
+        measure(*tiny, ProbeSettings(prefix_lengths=(8,), packed_counts=(1, 4)), backend="tensorrt")
 
 
 @pytest.mark.parametrize("args, message", [
