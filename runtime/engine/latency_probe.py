@@ -97,6 +97,9 @@ class LatencyProbe:
             raise ValueError("the probe's prompt must be a non-empty 1-D tensor of token ids")
         if batch < 1 or max_packed < 1:
             raise ValueError(f"need batch >= 1 and max_packed >= 1, got {batch} and {max_packed}")
+        if drafter is not None and tuple(backend.tap_layer_ids) != tuple(drafter.tap_layer_ids):
+            raise ValueError(f"the target backend taps layers {tuple(backend.tap_layer_ids)}; the drafter needs "
+                             f"{tuple(drafter.tap_layer_ids)}")
         self.prefix, self.batch = prompt.numel(), batch
         block = drafter.config.block_size if drafter is not None else 0
         window = backend.config.context_window

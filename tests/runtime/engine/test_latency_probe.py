@@ -72,6 +72,8 @@ def test_drafter_pass_is_one_block_pass_over_every_request(model):
     assert [s.length for s in probe.states] == [10, 10]  # the drafter's feature cache covers the prefix
     ms, scores = probe.time_draft([3, 4])
     assert ms > 0 and scores.full().shape == (2, 4, 64)
+    with pytest.raises(ValueError, match="the drafter needs"):
+        LatencyProbe(TorchTarget(model), random_prompt(64, 10), drafter=drafter)
 
 
 def test_verify_medians_gives_one_median_per_packed_count(model):
