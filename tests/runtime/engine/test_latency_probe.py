@@ -79,6 +79,8 @@ def test_drafter_pass_is_one_block_pass_over_every_request(model):
 def test_verify_medians_gives_one_median_per_packed_count(model):
     medians = verify_medians(TorchTarget(model), (1, 4), prefix=8, iters=3, shape="chain")
     assert set(medians) == {1, 4} and all(ms > 0 for ms in medians.values())
+    with pytest.raises(ValueError, match="at least one packed count"):
+        verify_medians(TorchTarget(model), (), prefix=8)
 
 
 def test_stats_are_ordered_percentiles():
