@@ -18,10 +18,11 @@ import click
 import torch
 
 from cast_trtllm.profile import WidthProfile, save_profile
-from engine_builder.probe import DEFAULT_PACKED, DTYPES, SKU_DTYPE, ProbeSettings, Stats, measure, to_profile
+from engine_builder.probe import BACKENDS, DEFAULT_PACKED, DTYPES, SKU_DTYPE, ProbeSettings, measure, to_profile
 from engine_builder.skus import SkuSpec, load_sku
 from runtime.device import device_name
 from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter
+from runtime.engine.latency_probe import Stats
 from runtime.model.llama import LlamaTarget
 
 
@@ -71,7 +72,10 @@ def summary_table(tables: dict, profile: WidthProfile) -> str:
 @click.option("--drafter", default=None, help="DFlash checkpoint dir (default: runtime/drafter/default, else an "
                                               "untrained drafter of the default shape).")
 @click.option("--prefix", default=None, help="Comma list of KV-prefix lengths (default: the SKU's prefix_buckets).")
-@click.option("--batch", default="1", show_default=True, help="Comma list of batch sizes (B > 1: ragged verify).")
+@click.option("--batch", default="1", show_default=True,
+              help="Comma list of batch sizes (B requests verified in ONE batched pass, as the engine runs them).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True,
+              help="The engine's target + drafter backend to time (onnxruntime: fp32 CPU only).")
 @click.option("--packed", default=",".join(map(str, DEFAULT_PACKED)), show_default=True,
               help="Comma list of packed counts n = N + 1 per request.")
 @click.option("--warmup", type=int, default=8, show_default=True, help="Untimed passes per cell.")
@@ -87,8 +91,8 @@ def summary_table(tables: dict, profile: WidthProfile) -> str:
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Width profile JSON to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print profile + p10/p50/p90 tables as JSON, not the table.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def probe(sku, target_spec, drafter, prefix, batch, packed, warmup, iters, dtype, threads, rank_cap, max_buckets,
-          seed, note, out, as_json, no_progress) -> None:
+def probe(sku, target_spec, drafter, prefix, batch, backend, packed, warmup, iters, dtype, threads, rank_cap,
+          max_buckets, seed, note, out, as_json, no_progress) -> None:
     """Time one verify forward per packed count over a real prefix cache; write a width profile."""
     try:
         spec: SkuSpec = load_sku(sku)
@@ -111,8 +115,8 @@ def probe(sku, target_spec, drafter, prefix, batch, packed, warmup, iters, dtype
         dtype = dtype or SKU_DTYPE[spec.dtype]
         model, tokenizer, target_name = load_target(target_spec, device, DTYPES[dtype])
         draft_model, draft_desc = load_probe_drafter(drafter, model)
-        tables = measure(model, tokenizer, draft_model, settings, progress=not no_progress)
-        profile = _profile_of(tables, settings, spec, name, target_name, dtype, max_buckets, draft_desc, note)
+        tables = measure(model, tokenizer, draft_model, settings, progress=not no_progress, backend=backend)
+        profile = _profile_of(tables, settings, spec, name, target_name, dtype, max_buckets, draft_desc, note, backend)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +129,7 @@ def probe(sku, target_spec, drafter, prefix, batch, packed, warmup, iters, dtype
 
 
 def _profile_of(tables: dict, settings: ProbeSettings, spec: SkuSpec, device: str, target: str, dtype: str,
-                max_buckets: int | None, draft_desc: str, note: str) -> WidthProfile:
+                max_buckets: int | None, draft_desc: str, note: str, backend: str = "torch") -> WidthProfile:
     """The profile with provenance: the command line (less --note), protocol, p10-p90, fixed-cost sources."""
     gpu = spec.compute_capability is not None
     host = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
@@ -133,10 +137,10 @@ def _profile_of(tables: dict, settings: ProbeSettings, spec: SkuSpec, device: st
     spread = ", ".join(f"{n}: {s.p10:g}-{s.p90:g}" for n, s in tables["verify"][p0][b0].items())
     oh = tables["overhead"][p0][b0]
     argv = [a for i, a in enumerate(sys.argv) if a != "--note" and sys.argv[i - 1] != "--note"]
-    notes = (f"{shlex.join([Path(argv[0]).name, *argv[1:]])}. Verify forward of runtime.target.TargetExecutor"
-             f"{' (ragged for B > 1)' if settings.batch_sizes[-1] > 1 else ''}, random packed tokens in random "
+    notes = (f"{shlex.join([Path(argv[0]).name, *argv[1:]])}. The engine's verify pass on the {backend} backend "
+             f"(runtime.engine.latency_probe; one batched pass over B requests), random packed tokens in random "
              f"best-first trees, {settings.warmup} warmups, {settings.iters} timed iterations, median; "
-             f"{'CUDA events' if gpu else 'perf_counter'}. p10-p90 ms at prefix {p0} batch {b0}: {spread}. "
+             f"{'CUDA-synchronized ' if gpu else ''}perf_counter. p10-p90 ms at prefix {p0} batch {b0}: {spread}. "
              f"Drafter: {draft_desc}. overhead_ms = host work at n={settings.packed_counts[0]} "
              f"(n={settings.packed_counts[-1]}: {oh[settings.packed_counts[-1]].median:g} ms). {note}").strip()
     if max_buckets is None:

@@ -4,9 +4,10 @@
     python -m perf.bench_backends [--prefix 256] [--widths 1,2,4,8,16,32,64] [--threads 1,2]
                                   [--out perf/results/backends_cpu]
 
-Protocol: prefill P random tokens once per column (backend × threads), then time ONE
-verify pass (B = 1, through the backend's `verify`, as the engine calls it) over a
-best-first tree of n - 1 nodes on random marginals, `warmup` untimed rounds, then
+Protocol (`runtime.engine.latency_probe`, the engine's own pass): prefill P random tokens
+once per column (backend × threads), then time ONE verify pass (B = 1, through the
+backend's `verify`, as the engine calls it) over the same best-first tree of n - 1 nodes
+on random marginals in every column, `warmup` untimed rounds, then
 `repeats` timed ones; each round visits every (n, column) pair in turn (interleaved, so
 load drift on a shared machine hits every column alike) with a short pause before each
 call so the previous column's spinning worker threads park. A verify never commits: the
@@ -32,17 +33,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from cast_trtllm.tree import Tree, build_tree, topk_per_position
-from perf.bench_tree import cpu_model
 from perf.plots import plt, save_figure
+from runtime.device import cpu_model
 from runtime.engine.backend import TorchTarget
+from runtime.engine.latency_probe import LatencyProbe, probe_tree, random_prompt
 from runtime.model.llama import LlamaTarget
 
 BACKENDS = ("torch-fp32", "torch-bf16", "ort-fp32")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides bf16 vs fp32 speed on a CPU
 PAUSE_S = 0.02  # before each timed call: lets spinning intra-op threads of the last column park
-TREE_DEPTH, RANK_CAP, MARGINAL_SCALE = 16, 8, 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +72,6 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def bench_tree(n: int, vocab: int, seed: int) -> Tree:
-    """A best-first tree of n - 1 nodes over random marginals (the shape a round verifies)."""
-    if n == 1:
-        return Tree.empty()
-    logits = torch.randn(TREE_DEPTH, vocab, generator=torch.Generator().manual_seed(seed)) * MARGINAL_SCALE
-    ids, logprobs = topk_per_position(logits, RANK_CAP)
-    return build_tree(ids.numpy(), logprobs.numpy(), n - 1)
-
-
 def make_backends(model: LlamaTarget, columns: Sequence[Column], cache_dir: str | Path | None) -> dict[str, Any]:
     """One backend per column; the bf16 weights are one copy shared by its thread counts."""
     bf16 = None
@@ -107,18 +98,16 @@ def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = W
     if prefix < 1 or repeats < 1 or warmup < 0 or not widths or min(widths) < 1:
         raise ValueError("need prefix >= 1, repeats >= 1, warmup >= 0 and packed counts >= 1")
     threads_before = torch.get_num_threads()
-    vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (prefix,), generator=torch.Generator().manual_seed(seed))
-    trees = {n: bench_tree(n, vocab, seed + n) for n in widths}
+    vocab, rng = model.config.vocab_size, np.random.default_rng(seed)
+    prompt = random_prompt(vocab, prefix, seed)
+    trees = {n: probe_tree(n, "tree", rng, vocab) for n in widths}  # the same pass in every column
     packs = {n: np.concatenate([[1], trees[n].tokens]).astype(np.int64) for n in widths}
     backends = make_backends(model, columns, cache_dir)
-    seqs = {}
+    probes: dict[str, LatencyProbe] = {}
     try:
         for col in columns:
             torch.set_num_threads(col.threads)
-            backend = backends[col.label]
-            seqs[col.label] = backend.new_sequence(prefix + max(widths))
-            backend.prefill(seqs[col.label], prompt)
+            probes[col.label] = LatencyProbe(backends[col.label], prompt, 1, max(widths), seed=seed)
         samples: dict[str, dict[int, list[float]]] = {c.label: {n: [] for n in widths} for c in columns}
         bar = tqdm(total=(warmup + repeats) * len(widths) * len(columns), desc="verify", unit="pass",
                    disable=not progress)
@@ -126,19 +115,16 @@ def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = W
             for n in widths:
                 for col in columns:
                     torch.set_num_threads(col.threads)
-                    backend, seq = backends[col.label], seqs[col.label]
                     time.sleep(PAUSE_S)
-                    start = time.perf_counter()
-                    backend.verify([seq], [packs[n]], [trees[n]])  # pending rows only: P stays
-                    elapsed = (time.perf_counter() - start) * 1e3
-                    if backend.prefix_len(seq) != prefix:
-                        raise AssertionError(f"{col.label}: a verify moved the prefix to {backend.prefix_len(seq)}")
+                    elapsed, _ = probes[col.label].time_verify([trees[n]], [packs[n]])  # pending rows only: P stays
                     if round_ >= warmup:
                         samples[col.label][n].append(elapsed)
                     bar.update()
         bar.close()
     finally:
         torch.set_num_threads(threads_before)
+        for p in probes.values():
+            p.close()
     return samples
 
 

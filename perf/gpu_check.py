@@ -6,18 +6,18 @@ Sections, each written to the report as soon as it finishes (a killed run keeps 
   2. kernel       Triton kernel vs SDPA over a dense additive mask, Qwen3-8B attention
                   shapes (32 q / 8 kv heads, d 128, bf16), n in {16..256} x prefix {1k, 8k};
                   CUDA events, warm-ups, medians (the dense mask is built untimed).
-  3. probe        verify-forward latency l(n) of a randomly initialised Qwen3-8B-shaped
-                  model in bf16 (the runtime's own Llama forward with q/k norm), paper
-                  Table 5 protocol: 1k prefix (and 8k), n in {1,16,24,32,48,64,96,128,192,256},
-                  8 warm-ups, 30 timed iterations, random packed tokens over random trees;
-                  SDPA backend (the executor's default) and the tree-attention backend.
-                  The SDPA curve becomes `width_profile` (cast_trtllm.profile format).
+  3. probe        verify latency l(n) of a randomly initialised Qwen3-8B-shaped model in
+                  bf16 (the runtime's own Llama with q/k norm) through the engine's own
+                  pass (torch backend, `runtime.engine.latency_probe`), paper Table 5
+                  protocol: 1k prefix (and 8k), n in {1,16,24,32,48,64,96,128,192,256},
+                  8 warm-ups, 30 timed iterations, random packed tokens over random trees.
+                  The curve becomes `width_profile` (cast_trtllm.profile format).
 
     python -m perf.gpu_check --out $OUT/gpu_check.json
     python -m perf.gpu_check --dry-run --out /tmp/gpu_check.json   # tiny shapes on CPU
 
 This file is the command and the report; the sections live in perf/gpu_kernel.py (1, 2)
-and perf/gpu_probe.py (3), their shared timing and random trees in perf/gpu_timing.py.
+and perf/gpu_probe.py (3).
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ import torch
 from cast_trtllm.profile import Provenance, build_profile
 from engine_builder.skus import sku_for_device
 from perf.gpu_kernel import check_correctness, time_kernel
-from perf.gpu_probe import PAPER_PACKED, QWEN3_8B, TINY, probe, random_model
+from perf.gpu_probe import PAPER_PACKED, QWEN3_8B, TINY, probe
+from perf.gpu_round_loop import random_target
 from plugins.tree_attention import triton_available
-from runtime.model.attention import SdpaAttention
-from runtime.model.tree_attention_backend import TreeAttention
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -124,23 +123,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           args.iters, args.seed))
 
     def probe_section() -> dict[str, Any]:
-        model = random_model(cfg, device, dtype, args.seed)
-        sdpa = probe(model, SdpaAttention(), args.prefix, args.packed, args.warmup, args.iters, args.seed, device)
-        tree = probe(model, TreeAttention(), args.prefix, args.packed, args.warmup, args.iters, args.seed, device)
+        model = random_target(cfg, device, dtype, args.seed)
+        table = probe(model, args.prefix, args.packed, args.warmup, args.iters, args.seed)
         notes = (f"perf/gpu_check.py: random-init {'tiny' if args.dry_run else 'Qwen3-8B'}-shaped model "
-                 f"(runtime Llama forward, q/k norm), SDPA backend; random packed tokens over random trees, "
+                 f"(runtime Llama, q/k norm), the engine's verify pass on the torch backend "
+                 f"(runtime.engine.latency_probe); random packed tokens over random trees, "
                  f"{args.warmup} warm-ups, {args.iters} timed iterations, median")
         profile = build_profile(
             sku=sku, device=device_name, target="Qwen3-8B-shaped (random init)" if not args.dry_run else "tiny",
             dtype=str(dtype).removeprefix("torch."), packed_counts=list(args.packed),
-            latency_ms={p: {1: row} for p, row in sdpa.items()},
+            latency_ms={p: {1: row} for p, row in table.items()},
             provenance=Provenance(source="measured", date=datetime.date.today().isoformat(),
                                   torch_version=torch.__version__, host=platform.node(), notes=notes))
         return {"model": {k: getattr(cfg, k) for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
                                                         "head_dim", "intermediate_size", "vocab_size")},
                 "packed_counts": list(args.packed), "warmup": args.warmup, "iters": args.iters,
-                "latency_ms": {"sdpa": {str(p): r for p, r in sdpa.items()},
-                               "tree_attention": {str(p): r for p, r in tree.items()}},
+                "latency_ms": {"torch": {str(p): r for p, r in table.items()}},
                 "width_profile": profile.to_dict()}
 
     section("probe", probe_section)

@@ -4,6 +4,8 @@ dense additive mask (speed, one layer's attention at Qwen3-8B shapes)."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -11,11 +13,30 @@ import torch
 from torch.nn import functional as F
 
 from cast_trtllm.masks import additive_mask, batched_bitmask, bitmask, cu_seqlens
-from perf.gpu_timing import median_ms, random_tree
 from plugins.tree_attention import tree_attention_reference, tree_attention_triton, triton_available
+from runtime.engine.latency_probe import probe_tree
 from runtime.model.llama import TargetConfig
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}  # max |kernel - reference|
+
+
+def median_ms(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> float:
+    """Median ms of one kernel call: CUDA events on a GPU (sub-ms calls), perf_counter on the CPU."""
+    def once() -> float:
+        if device.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    for _ in range(warmup):
+        fn()
+    return round(statistics.median(once() for _ in range(iters)), 4)
 
 
 def kernel_or_reference(device: torch.device) -> tuple[Callable, str]:
@@ -40,7 +61,7 @@ def check_correctness(device: torch.device, dry_run: bool, seed: int) -> dict[st
     rows = []
     for dtype in dtypes:
         for packs, prefixes, hq, hkv, d in cases:
-            trees = [random_tree(rng, 1000, n - 1) for n in packs]
+            trees = [probe_tree(n, "tree", rng, 1000) for n in packs]
             total, prefix_total = sum(packs), sum(prefixes)
             randn = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
             args = (randn(total, hq, d), randn(prefix_total, hkv, d), randn(prefix_total, hkv, d),
@@ -63,7 +84,7 @@ def time_kernel(device: torch.device, cfg: TargetConfig, dtype: torch.dtype, ns,
     rows = []
     for p in prefixes:
         for n in ns:
-            tree = random_tree(rng, 1000, n - 1)
+            tree = probe_tree(n, "tree", rng, 1000)
             randn = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
             q, k, v = randn(n, hq, d), randn(p + n, hkv, d), randn(p + n, hkv, d)
             words = torch.from_numpy(bitmask(tree)).to(device)

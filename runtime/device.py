@@ -8,15 +8,16 @@ from pathlib import Path
 import torch
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or "unknown CPU"
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name"), else the platform's processor string."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"cpu ({model})"
+    return platform.processor() or "unknown CPU"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({cpu_model()})"

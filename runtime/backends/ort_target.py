@@ -49,14 +49,12 @@ class OrtTarget(PooledTarget):
             raise ValueError(f"OrtTarget runs an fp32 CPU target; this one is {weight.dtype} on {weight.device} "
                              "(load it with --dtype float32 --device cpu)")
         cfg = model.config
-        bad = [i for i in tap_layer_ids if not 0 <= i < cfg.num_layers]
-        if bad:
-            raise ValueError(f"tap layer ids {bad} are outside the target's {cfg.num_layers} layers")
+        tap_layer_ids = cfg.tap_layers(tap_layer_ids)
         threads = torch.get_num_threads() if threads is None else threads
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.model, self.config = model, cfg
-        self.tap_layer_ids = tuple(int(i) for i in tap_layer_ids)
+        self.tap_layer_ids = tap_layer_ids
         self.device, self.dtype, self.threads = torch.device("cpu"), torch.float32, threads
         path = verify_graph_path(model, self.tap_layer_ids, cache_dir, export)
         options = session_options(threads, spinning)

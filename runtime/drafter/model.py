@@ -25,7 +25,6 @@ from torch import nn
 
 from runtime.drafter.config import DrafterConfig
 from runtime.drafter.vocab import D2T_KEY
-from runtime.kv_cache import KVCache
 from runtime.model.layers import GatedMLP, RMSNorm, apply_rope
 
 
@@ -47,7 +46,7 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).view(m, self.num_kv_heads, self.head_dim)
         return apply_rope(k.transpose(0, 1), *rope), v.transpose(0, 1)
 
-    def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int, backend: Any, prepared: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope, cache: Any, layer: int, backend: Any, prepared: Any) -> torch.Tensor:
         """x: [T, H] normed block states. Keys/values: what `cache.write` returns for this
         layer (context ∪ block); `backend(q, keys, values, prepared)` applies the visibility."""
         n = x.shape[0]
@@ -66,7 +65,7 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, rope, cache: KVCache, layer: int, backend: Any, prepared: Any) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope, cache: Any, layer: int, backend: Any, prepared: Any) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rope, cache, layer, backend, prepared)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -87,22 +86,13 @@ class DFlashDrafter(nn.Module):
         else:
             self.register_buffer(D2T_KEY, torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
 
-    @torch.inference_mode()
-    def append_context(self, taps: torch.Tensor, rope, cache: KVCache) -> None:
-        """taps: [m, len(target_layer_ids) * H] of m committed positions → feature cache."""
-        ctx = self.hidden_norm(self.fc(taps))  # [m, H]
-        for i, layer in enumerate(self.layers):
-            cache.write(i, *layer.self_attn.key_value(ctx, rope))
-        cache.advance(taps.shape[0])
-
     def forward(self, block_embeds: torch.Tensor, rope, cache: Any, backend: Any, prepared: Any) -> torch.Tensor:
         """The ONE DFlash layer stack (serving, batched drafting and training all run it).
 
         block_embeds: [T, H] target embeddings of one or more blocks [b, mask…] laid end
         to end; rope: cos, sin [T, d] at each row's absolute position. `cache.write(layer,
         k, v)` stores the block rows and returns the keys/values each row may see (context
-        ∪ block: `KVCache`, `runtime.batch_forward.RaggedCaches`, or training's in-memory
-        context); `backend` attends (no mask inside a block). Returns the final-normed
+        ∪ block: training's in-memory context, `drafter_builder.blocks.ContextKV`); `backend` attends (no mask inside a block). Returns the final-normed
         hidden states of all T rows [T, H]; slot 0 of each block is the root (drop it).
         """
         h = block_embeds

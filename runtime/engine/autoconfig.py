@@ -18,16 +18,13 @@ import copy
 import hashlib
 import json
 import os
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from cast_trtllm.tree import Tree
+from runtime.engine.latency_probe import verify_medians
 
 PROBE_WIDTHS = (1, 16)  # packed counts: an AR step, a CAST@15 round
 PROBE_PREFIX = 128
@@ -118,26 +115,10 @@ def make_drafter(name: str, drafter: Any, model: Any, threads: int, graphs: Path
 
 def verify_ms(backend: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repeats: int = PROBE_REPEATS
               ) -> dict[str, float]:
-    """Median ms of one verify pass at each packed count, on a `prefix`-token KV cache."""
-    model = backend.config
-    seq = backend.new_sequence(prefix + max(widths))
-    vocab = model.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    backend.prefill(seq, torch.randint(0, vocab, (prefix,), generator=gen))
-    out = {}
-    for n in widths:
-        depth = np.arange(1, n, dtype=np.int32)
-        tree = Tree(tokens=np.arange(1, n, dtype=np.int64) % vocab, depth=depth,
-                    parent=np.arange(-1, n - 2, dtype=np.int32), score=np.zeros(n - 1))
-        pack = np.concatenate([[0], tree.tokens]).astype(np.int64)
-        backend.verify([seq], [pack], [tree])  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            backend.verify([seq], [pack], [tree])  # pending rows only: the cache is not advanced
-            times.append((time.perf_counter() - start) * 1e3)
-        out[f"n={n}"] = statistics.median(times)
-    return out
+    """Median ms of one verify pass (B = 1, chain packs) at each packed count on a `prefix`-token
+    cache: the engine's own pass, timed by `runtime.engine.latency_probe`."""
+    medians = verify_medians(backend, widths, prefix, warmup=1, iters=repeats, shape="chain")
+    return {f"n={n}": ms for n, ms in medians.items()}
 
 
 def measure(model: Any, device: torch.device, device_name: str, key: str, tap_layer_ids: tuple[int, ...] = (),

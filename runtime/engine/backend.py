@@ -54,7 +54,7 @@ class TorchTarget(PooledTarget):
 
     def __init__(self, model: LlamaTarget, tap_layer_ids: Sequence[int] = ()) -> None:
         self.model, self.config = model, model.config
-        self.tap_layer_ids = tuple(tap_layer_ids)
+        self.tap_layer_ids = model.config.tap_layers(tap_layer_ids)
         self.device, self.dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
         self.graph = BatchVerifyGraph(model, self.tap_layer_ids)
         self._init_pool()

@@ -1,38 +1,40 @@
 """Export-friendly mirrors of the DFlash drafter's forwards (same weights, shared, not copied).
 
-`DFlashDrafter` writes into a `KVCache` and takes a Python attention backend, neither of
-which traces to ONNX; these modules run the same layers over explicit tensors instead:
+`DFlashDrafter.forward` (training's) writes through a cache object and takes a Python
+attention backend, neither of which traces to ONNX; these modules run the same layers over
+explicit tensors instead:
 
   DraftGraph    one DFlash block pass [b, mask...] over the feature cache (the draft engine);
   ContextGraph  target taps of committed positions -> the drafter's feature-cache K/V.
 
-The runtime's onnxruntime drafter (`runtime.backends.ort_drafter`) and the engine builder
-(`engine_builder.onnx_export`) both export them through `export_draft_graph` and
-`export_context_graph`.
+The engine builder (`engine_builder.onnx_export`) exports both (`export_draft_graph`,
+`export_context_graph`); the runtime's drafters run `ContextGraph` token-major (torch
+eagerly, onnxruntime exported) and their block pass is `batch_draft_graph.BatchDraftGraph`.
 
-KV layouts (`kv_layout`, as `runtime.model.graphs.VerifyGraph`'s):
+KV layouts (`ContextGraph`'s `kv_layout`; `DraftGraph` reads "layer"):
   "layer"  context_keys [drafter layers, m, Hkv, d] (the build manifest's);
-  "token"  context_keys [m, drafter layers, Hkv, d]: in a token-major feature cache
-           [capacity, layers, Hkv, d] the committed prefix is a contiguous view and the
-           context graph writes appended rows in place.
+  "token"  context_keys [m, drafter layers, Hkv, d]: the rows a slot pool commits.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
 
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead
-from runtime.model.graphs import KV_LAYOUTS, KVLayout, export_onnx, gqa_attention, lm_head, rope_rows
+from runtime.model.graphs import export_onnx, gqa_attention, lm_head, rope_rows
 from runtime.model.layers import apply_rope
 from runtime.model.llama import LlamaTarget
 
 DRAFT_INPUTS = ("block_ids", "position_ids", "context_keys", "context_values")
 CONTEXT_INPUTS = ("taps", "position_ids")
 CONTEXT_OUTPUTS = ("context_keys", "context_values")
+KVLayout = Literal["layer", "token"]
+KV_LAYOUTS: tuple[str, ...] = ("layer", "token")
 
 
 def _kv_axis(kv_layout: KVLayout) -> int:
@@ -52,16 +54,13 @@ def check_shares_embeddings(drafter: DFlashDrafter, target: LlamaTarget) -> None
 
 class DraftGraph(nn.Module):
     """inputs: block_ids [L+1] int64 ([b, mask, ...]), position_ids [L+1] int64,
-    context_keys, context_values (see `kv_layout`); output: logits [L, V], -inf outside a
-    reduced draft vocabulary, or with `draft_vocab_logits` [L, Vd] over its ids only (the
-    caller scatters them; `DraftHead.target_ids`). `shared_head`: see `graphs.lm_head`."""
+    context_keys, context_values [drafter layers, m, Hkv, d]; output: logits [L, V], -inf
+    outside a reduced draft vocabulary."""
 
-    def __init__(self, drafter: DFlashDrafter, target: LlamaTarget, kv_layout: KVLayout = "layer",
-                 draft_vocab_logits: bool = False, shared_head: bool = True) -> None:
+    def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
         super().__init__()
         check_shares_embeddings(drafter, target)
         self.drafter, self.target, self.rotary = drafter, target, drafter.config.rotary()
-        self.kv_axis, self.draft_vocab_logits, self.shared_head = _kv_axis(kv_layout), draft_vocab_logits, shared_head
         self.scale = drafter.config.head_dim ** -0.5
         # a reduced draft vocabulary scores only its rows of the lm_head
         self.head = None if drafter.d2t is None else DraftHead(target.lm_head.weight, drafter.d2t)
@@ -78,15 +77,13 @@ class DraftGraph(nn.Module):
             k = attn.k_norm(attn.k_proj(x).view(n, cfg.num_key_value_heads, cfg.head_dim))
             q, k = apply_rope(q, cos, sin, cfg.head_dim // 2), apply_rope(k, cos, sin, cfg.head_dim // 2)
             v = attn.v_proj(x).view(n, cfg.num_key_value_heads, cfg.head_dim)
-            ctx_k, ctx_v = context_keys.select(self.kv_axis, i), context_values.select(self.kv_axis, i)  # [m, Hkv, d]
+            ctx_k, ctx_v = context_keys[i], context_values[i]  # [m, Hkv, d]
             out = gqa_attention(q, torch.cat([ctx_k, k]), torch.cat([ctx_v, v]), None, self.scale,  # no mask
                                 (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim))
             h = h + attn.o_proj(out.reshape(n, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         hidden = self.drafter.norm(h[1:])  # slot 0 is the root: drop it
-        if self.head is None:
-            return lm_head(self.target, hidden, self.shared_head)
-        return self.head.draft_logits(hidden) if self.draft_vocab_logits else self.head(hidden)
+        return lm_head(self.target, hidden) if self.head is None else self.head(hidden)
 
 
 class ContextGraph(nn.Module):
@@ -119,11 +116,8 @@ def export_draft_graph(graph: DraftGraph, path: str | Path, example_context: int
     block = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64, device=device)
     positions = example_context + torch.arange(cfg.block_size, device=device)
     shape = [cfg.num_hidden_layers, example_context, cfg.num_key_value_heads, cfg.head_dim]
-    if graph.kv_axis:  # token-major
-        shape[:2] = shape[1::-1]
     ctx = [torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
-    axis = 1 - graph.kv_axis
-    dynamic = {"context_keys": {axis: "context"}, "context_values": {axis: "context"}}
+    dynamic = {"context_keys": {1: "context"}, "context_values": {1: "context"}}
     export_onnx(graph, (block, positions, *ctx), path, DRAFT_INPUTS, ("logits",), dynamic)
 
 

@@ -1,19 +1,14 @@
 """Export-friendly mirror of the target's verify pass, and its ONNX exporter.
 
-`LlamaTarget.forward` writes into a preallocated KV cache and takes a Python attention
-backend, neither of which traces to ONNX; `VerifyGraph` runs the same layers
+`VerifyGraph` runs the target's layers
 (`runtime.model.layers` RMSNorm / RoPE / gated MLP, the target's own Linear weights,
-shared, not copied) over explicit tensors instead: one ancestor-masked pass over a pack
+shared, not copied) over explicit tensors: one ancestor-masked pass over a pack
 [b, z_1..z_N] at positions P + depth, reading the committed prefix's K/V and returning the
-pack's own K/V rows. The runtime's onnxruntime backend (`runtime.backends.ort_target`)
-and the engine builder (`engine_builder.onnx_export`) both export it through
-`export_verify_graph`.
+pack's own K/V rows, for the TensorRT path: the engine builder (`engine_builder.onnx_export`)
+exports it through `export_verify_graph`. (The runtime's own batched pass is
+`runtime.model.batch_graph.BatchVerifyGraph`.)
 
-KV layouts (`kv_layout`):
-  "layer"  past_keys [layers, P, Hkv, d], new_keys [layers, n, Hkv, d] (the build manifest's);
-  "token"  past_keys [P, layers, Hkv, d], new_keys [n, layers, Hkv, d]: in a token-major
-           cache [capacity, layers, Hkv, d] the committed prefix and the pending rows are
-           both contiguous views, so a runtime binds them in place.
+KV layout: past_keys [layers, P, Hkv, d], new_keys [layers, n, Hkv, d] (the build manifest's).
 Attention is written in standard ONNX ops (flavour "onnx": the bitmask is expanded to an
 additive mask in the graph) or is the `cast::tree_attention` custom node (flavour
 "plugin": the bitmask goes to the TensorRT plugin as is).
@@ -37,8 +32,6 @@ from runtime.model.tree_attention_backend import causal_chain
 
 Flavour = Literal["onnx", "plugin"]
 FLAVOURS: tuple[str, ...] = ("onnx", "plugin")
-KVLayout = Literal["layer", "token"]
-KV_LAYOUTS: tuple[str, ...] = ("layer", "token")
 OPSET = 18  # BitwiseAnd needs >= 18
 BIT_WEIGHTS = torch.tensor([1 << b for b in range(31)] + [-(1 << 31)], dtype=torch.int32)  # bit b of an int32
 
@@ -133,29 +126,19 @@ def rope_rows(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype) -> tu
 
 class VerifyGraph(nn.Module):
     """inputs: input_ids [n] int64, position_ids [n] int64, bitmask [n, W] int32,
-    past_keys, past_values (see `kv_layout`), and with `logit_rows` the rows [m] int64 to
-    score (a prefill scores its last row only); outputs: logits [n or m, V], new_keys,
+    past_keys, past_values [layers, P, Hkv, d]; outputs: logits [n, V], new_keys,
     new_values (the pack's rows, same layout), taps [n, F] if asked (tap for layer id i =
-    HF's hidden_states[i+1]; the last layer's after the final norm). `shared_head`: see
-    `lm_head`."""
+    HF's hidden_states[i+1]; the last layer's after the final norm)."""
 
-    def __init__(self, target: LlamaTarget, flavour: Flavour, tap_layer_ids: Sequence[int] = (),
-                 kv_layout: KVLayout = "layer", logit_rows: bool = False, shared_head: bool = True) -> None:
+    def __init__(self, target: LlamaTarget, flavour: Flavour, tap_layer_ids: Sequence[int] = ()) -> None:
         super().__init__()
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
-        if kv_layout not in KV_LAYOUTS:
-            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
         self.target, self.flavour, self.tap_layer_ids = target, flavour, tuple(tap_layer_ids)
-        self.kv_axis = 0 if kv_layout == "layer" else 1  # axis of `layers` in past/new K/V
-        self.logit_rows, self.shared_head = logit_rows, shared_head
         cfg = target.config
         self.scale, self.heads = cfg.head_dim ** -0.5, (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return ("input_ids", "position_ids", "bitmask", "past_keys", "past_values") + (
-            ("logit_rows",) if self.logit_rows else ())
+    input_names = ("input_ids", "position_ids", "bitmask", "past_keys", "past_values")
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -169,11 +152,11 @@ class VerifyGraph(nn.Module):
             q, past_k, past_v, k_new, v_new, bitmask, _one_request_offsets(q), _one_request_offsets(past_k), self.scale
         )
 
-    def forward(self, input_ids, position_ids, bitmask, past_keys, past_values, logit_rows=None):
-        target, cfg, axis = self.target, self.target.config, self.kv_axis
+    def forward(self, input_ids, position_ids, bitmask, past_keys, past_values):
+        target, cfg = self.target, self.target.config
         h = target.embed_tokens(input_ids)  # [n, H]
         cos, sin = rope_rows(target.rotary, position_ids, h.dtype)
-        past_rows = past_keys.select(axis, 0)  # [P, Hkv, d]: gives P inside the graph
+        past_rows = past_keys[0]  # [P, Hkv, d]: gives P inside the graph
         mask = None
         if self.flavour == "onnx":
             mask = group_rows(bitmask_to_additive(bitmask, past_rows, h.dtype), cfg.num_heads // cfg.num_kv_heads)
@@ -187,7 +170,7 @@ class VerifyGraph(nn.Module):
             if attn.q_norm is not None:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = apply_rope(q, cos, sin, cfg.head_dim // 2), apply_rope(k, cos, sin, cfg.head_dim // 2)
-            past_k, past_v = past_keys.select(axis, i), past_values.select(axis, i)  # [P, Hkv, d]
+            past_k, past_v = past_keys[i], past_values[i]  # [P, Hkv, d]
             out = self._attention(q, k, v, past_k, past_v, bitmask, mask)  # [n, Hq, d]
             h = h + attn.o_proj(out.reshape(-1, cfg.num_heads * cfg.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -196,8 +179,7 @@ class VerifyGraph(nn.Module):
             taps[i] = h
         h = target.norm(h)
         taps[cfg.num_layers - 1] = h  # HF reports the last layer after the final norm
-        scored = h if logit_rows is None else h.index_select(0, logit_rows)
-        outputs = (lm_head(target, scored, self.shared_head), torch.stack(new_keys, dim=axis), torch.stack(new_values, dim=axis))
+        outputs = (lm_head(target, h), torch.stack(new_keys), torch.stack(new_values))
         if self.tap_layer_ids:
             outputs += (torch.cat([taps[i] for i in self.tap_layer_ids], dim=-1),)
         return outputs
@@ -218,33 +200,25 @@ def export_onnx(module: nn.Module, args: tuple, path: Path, inputs: Sequence[str
         )
 
 
-def export_verify_graph(graph: VerifyGraph, path: str | Path, mask_words: int | None, example_prefix: int = 5) -> None:
+def export_verify_graph(graph: VerifyGraph, path: str | Path, mask_words: int, example_prefix: int = 5) -> None:
     """Write `graph` to `path` with n (packed tokens) and P (past rows) as dynamic axes.
 
-    mask_words: W, the bitmask's fixed word count (an engine's largest bucket), or None to
-    make W dynamic too (a runtime graph that also runs prefills: a chain of any length).
+    mask_words: W, the bitmask's fixed word count (an engine's largest bucket).
     """
     cfg, path = graph.target.config, Path(path)
     device, dtype = graph.target.lm_head.weight.device, graph.target.lm_head.weight.dtype
-    words = 1 if mask_words is None else mask_words
+    words = mask_words
     n = min(3, 32 * words)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen).to(device)
     positions = example_prefix + torch.arange(n, device=device)
     rows = torch.from_numpy(bitmask(causal_chain(n), num_words=words)).to(device)  # [n, W]
     past_shape = [cfg.num_layers, example_prefix, cfg.num_kv_heads, cfg.head_dim]
-    if graph.kv_axis:  # token-major
-        past_shape[:2] = past_shape[1::-1]
     past = [torch.randn(past_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
-    args = (ids, positions, rows, *past) + ((torch.tensor([n - 1], device=device),) if graph.logit_rows else ())
-    past_axis = 1 - graph.kv_axis
-    dynamic = {"input_ids": {0: "n"}, "position_ids": {0: "n"}, "bitmask": {0: "n"},
-               "past_keys": {past_axis: "past"}, "past_values": {past_axis: "past"},
-               "logits": {0: "rows" if graph.logit_rows else "n"}, "logit_rows": {0: "rows"},
-               "new_keys": {past_axis: "n"}, "new_values": {past_axis: "n"}, "taps": {0: "n"}}
-    if mask_words is None:
-        dynamic["bitmask"][1] = "words"
+    dynamic = {"input_ids": {0: "n"}, "position_ids": {0: "n"}, "bitmask": {0: "n"}, "past_keys": {1: "past"},
+               "past_values": {1: "past"}, "logits": {0: "n"}, "new_keys": {1: "n"}, "new_values": {1: "n"},
+               "taps": {0: "n"}}
     custom = {onnx_schema.DOMAIN: onnx_schema.OPSET_VERSION} if graph.flavour == "plugin" else None
     names = graph.input_names + graph.output_names
-    export_onnx(graph, args, path, graph.input_names, graph.output_names,
+    export_onnx(graph, (ids, positions, rows, *past), path, graph.input_names, graph.output_names,
                 {k: v for k, v in dynamic.items() if k in names}, custom)

@@ -1,8 +1,10 @@
-"""A compact Llama-family forward over a preallocated KV cache (batch of one sequence).
+"""The target's weights and shape: a compact Llama-family decoder (`LlamaTarget`, `TargetConfig`).
 
-Why our own forward rather than HF's: the verify pass needs depth position ids, an
-ancestor mask over prefix + pack, pending cache rows that are compacted in place after
-the walk, and hidden-state taps for the drafter, all of which HF's Cache API fights.
+The forwards that run these weights are `runtime.model.batch_graph.BatchVerifyGraph`
+(the engine's one batched pass, torch or onnxruntime) and `runtime.model.graphs.VerifyGraph`
+(the ONNX / TensorRT export). Why our own forward rather than HF's: the verify pass needs
+depth position ids, an ancestor mask over prefix + pack, pending cache rows committed
+after the walk, and hidden-state taps for the drafter, all of which HF's Cache API fights.
 Weights are taken (shared, not copied) from a loaded HF causal LM of one of the
 `SUPPORTED_MODEL_TYPES`: Llama (incl. llama3 RoPE scaling), Qwen2/2.5 (q/k/v biases) and
 Qwen3 (q/k RMSNorm). fp32 logits equal HF's to rounding (tested).
@@ -11,14 +13,12 @@ Qwen3 (q/k RMSNorm). fp32 logits equal HF's to rounding (tested).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from runtime.kv_cache import KVCache
-from runtime.model.attention import AttentionBackend
-from runtime.model.layers import GatedMLP, RMSNorm, RopeScaling, Rotary, apply_rope, rope_scaling_of
+from runtime.model.layers import GatedMLP, RMSNorm, RopeScaling, Rotary, rope_scaling_of
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # RoPE types whose HF inverse frequencies are static (taken as they are from the HF model)
@@ -45,6 +45,13 @@ class TargetConfig:
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+
+    def tap_layers(self, layer_ids) -> tuple[int, ...]:
+        """The drafter's tapped layer ids, checked against this target's layers."""
+        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"tap layer ids {bad} are outside the target's {self.num_layers} layers")
+        return tuple(int(i) for i in layer_ids)
 
     @staticmethod
     def from_hf(config: Any) -> "TargetConfig":
@@ -111,27 +118,6 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [n, H]
-        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [n, d]
-        cache: KVCache,
-        layer: int,
-        backend: AttentionBackend,
-        prepared: Any,
-    ) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(0, 1), *rope)  # [Hq, n, d]
-        k = apply_rope(k.transpose(0, 1), *rope)  # [Hkv, n, d]
-        keys, values = cache.write(layer, k, v.transpose(0, 1))  # [Hkv, P+n, d]
-        out = backend(q, keys, values, prepared)  # [Hq, n, d]
-        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
-
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig) -> None:
@@ -141,13 +127,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, rope, cache, layer, backend, prepared) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, cache, layer, backend, prepared)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
 
 class LlamaTarget(nn.Module):
-    """Target model. State (the KV cache) lives outside, in the executor."""
+    """Target weights. State (the KV cache) lives outside, in the backend's slot pool."""
 
     def __init__(self, cfg: TargetConfig, rotary: Rotary) -> None:
         super().__init__()
@@ -172,38 +154,3 @@ class LlamaTarget(nn.Module):
         model.rotary = Rotary(rope.inv_freq.detach().clone(), float(rope.attention_scaling))
         model.to(hf_model.lm_head.weight.device)
         return model.eval().requires_grad_(False)
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(token_ids)
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        token_ids: torch.Tensor,  # [n] int64
-        positions: torch.Tensor,  # [n] int64 absolute RoPE positions
-        cache: KVCache,
-        backend: AttentionBackend,
-        prepared: Any,
-        tap_layer_ids: Sequence[int] = (),
-        logits_rows: slice | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One pass over n new tokens; their K/V land in the cache's pending rows.
-
-        Returns logits [len(rows), V] for `logits_rows` (all rows when None) and taps
-        [n, len(tap_layer_ids) * H]: tap for layer id i is HF's hidden_states[i+1] (the
-        output of layer i; for the last layer HF reports it after the final norm).
-        """
-        h = self.embed_tokens(token_ids)  # [n, H]
-        rope = self.rotary(positions, h.dtype)
-        wanted = {i: None for i in tap_layer_ids}
-        for i, layer in enumerate(self.layers):
-            h = layer(h, rope, cache, i, backend, prepared)
-            if i in wanted:
-                wanted[i] = h
-        h = self.norm(h)
-        last = self.config.num_layers - 1
-        if last in wanted:
-            wanted[last] = h
-        taps = torch.cat([wanted[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
-        logits = self.lm_head(h if logits_rows is None else h[logits_rows])  # [rows, V]
-        return logits, taps

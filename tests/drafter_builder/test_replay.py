@@ -23,7 +23,7 @@ from drafter_builder.replay import (
 from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter
 from runtime.engine import LLMEngine, Request
 from runtime.loader import encode_prompt
-from runtime.target import TargetExecutor
+from tests.runtime.doubles import prefilled
 
 
 def _scores(ids, prompt_len, topk_ids, topk_lp):
@@ -90,9 +90,7 @@ def test_replay_round_lengths_equal_the_decoding_loop_on_the_embedded_target(emb
     engine = LLMEngine(embedded.model, drafter, spec=SpecConfig(method, budget))
     out = engine.generate([Request(prompt, max_new_tokens=40)])[0]
     ids = torch.tensor(prompt + out.token_ids)
-    ex = TargetExecutor(embedded.model, drafter.tap_layer_ids)
-    ex.reset(len(ids))
-    taps = ex.prefill(ids[:-1]).taps  # taps of every token but the last, as the data shards hold
+    taps = prefilled(embedded.model, ids[:-1], drafter.tap_layer_ids)[3]  # taps of every token but the last, as the data shards hold
     frozen = FrozenTarget(embedded.model.embed_tokens.weight, embedded.model.lm_head.weight)
     scores = score_anchors(shipped, frozen, {"ids": ids, "prompt_len": len(prompt), "taps": taps})
     lengths, _ = replay(scores, chain_rule if method == "chain" else budget_rule(budget))

@@ -3,6 +3,8 @@ custom-node flavour) reproduces the torch executors' logits and K/V in fp32."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -18,8 +20,7 @@ from plugins.tree_attention import tree_attention_reference
 from runtime.drafter.checkpoint import random_drafter
 from runtime.drafter.executor import DrafterExecutor
 from runtime.model.graphs import bitmask_to_additive
-from runtime.target import TargetExecutor
-from tests.runtime.doubles import random_target
+from tests.runtime.doubles import prefilled, random_target
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
@@ -34,21 +35,19 @@ def random_tree(vocab: int, budget: int, seed: int, depth: int = 6):
 
 
 def verify_case(model, prompt: torch.Tensor, tree, words: int, tap_layer_ids=()):
-    """Executor verify output plus the matching ONNX feed (prefix K/V token-major)."""
-    executor = TargetExecutor(model, tap_layer_ids=tap_layer_ids)
-    executor.reset(prompt.numel() + tree.num_packed)
-    executor.prefill(prompt)
-    p = executor.prefix_len
-    pack = torch.from_numpy(np.concatenate([[int(prompt[-1])], tree.tokens])).long()
-    out = executor.verify(pack, tree)
-    cache = executor.cache
+    """The engine's verify output (logits, taps) plus the matching ONNX feed (prefix K/V layer-major)."""
+    backend, slot, _, _ = prefilled(model, prompt, tap_layer_ids, prompt.numel() + tree.num_packed)
+    p = backend.prefix_len(slot)
+    past_k, past_v = backend.pool.committed(slot)  # [P, layers, Hkv, d]
+    pack = np.concatenate([[int(prompt[-1])], tree.tokens]).astype(np.int64)
+    logits, taps = backend.verify([slot], [pack], [tree])
     feed = {
-        "input_ids": pack.numpy(), "position_ids": position_ids(tree, p), "bitmask": bitmask(tree, words),
-        "past_keys": cache.k[:, :, :p].transpose(1, 2).contiguous().numpy(),  # [layers, P, Hkv, d]
-        "past_values": cache.v[:, :, :p].transpose(1, 2).contiguous().numpy(),
+        "input_ids": pack, "position_ids": position_ids(tree, p), "bitmask": bitmask(tree, words),
+        "past_keys": np.ascontiguousarray(past_k.transpose(1, 0, 2, 3)),  # [layers, P, Hkv, d]
+        "past_values": np.ascontiguousarray(past_v.transpose(1, 0, 2, 3)),
     }
-    new_keys = cache.k[:, :, p : p + tree.num_packed].transpose(1, 2).numpy()  # [layers, n, Hkv, d]
-    return out, feed, new_keys
+    new_keys = slot.pending[0].transpose(0, 1).numpy()  # pending [n, layers, Hkv, d] -> [layers, n, Hkv, d]
+    return SimpleNamespace(logits=logits, taps=taps), feed, new_keys
 
 
 def run_ort(path, feed):
@@ -122,9 +121,8 @@ def test_draft_and_context_graphs_match_drafter_executor(tmp_path, draft_vocab):
     target = random_target(seed=3, vocab_size=64)
     drafter = random_drafter(target.config, num_layers=2, block_size=5, target_layer_ids=(0, 1), seed=4, init_std=0.3,
                              draft_vocab_ids=draft_vocab)
-    executor = TargetExecutor(target, tap_layer_ids=drafter.config.target_layer_ids)
-    executor.reset(32)
-    taps = executor.prefill(torch.randint(0, 64, (13,), generator=torch.Generator().manual_seed(2))).taps
+    prompt = torch.randint(0, 64, (13,), generator=torch.Generator().manual_seed(2))
+    taps = prefilled(target, prompt, drafter.config.target_layer_ids, 32)[3]
     draft = DrafterExecutor(drafter, target)
     cache = draft.new_state(32)
     draft.append_context(cache, taps)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
 from cast_trtllm.profile import load_profile, save_profile
-from engine_builder.probe import Bench, ProbeSettings, Timer, measure, time_grid, to_profile
+from engine_builder import probe as probe_module
+from engine_builder.probe import ProbeSettings, measure, to_profile
 from engine_builder.probe_cli import probe
 from runtime.drafter import random_drafter
+from runtime.engine.backend import TorchTarget
 from tests.runtime.doubles import random_target
 
 TINY = ProbeSettings(prefix_lengths=(32,), packed_counts=(1, 4), warmup=1, iters=2)
@@ -50,36 +51,33 @@ def test_probe_of_the_embedded_target_writes_a_valid_measured_profile(embedded, 
         assert stats.p10 <= stats.median <= stats.p90
 
 
-def test_probe_leaves_the_prefix_cache_as_it_found_it(embedded):
-    model, tokenizer, drafter = embedded
-    from engine_builder.probe import prefix_ids
+def test_probe_times_the_engines_batched_pass_of_b_packs_and_keeps_every_prefix(tiny, monkeypatch):
+    passes, slots = [], []
 
-    bench = Bench(model, drafter, prefix_ids(tokenizer, 32), batch=1, max_packed=4)
-    before = bench.executor.cache.k[:, :, :32].clone()
-    draft_logits = bench.draft([7])
-    time_grid(bench, draft_logits, TINY, np.random.default_rng(0), Timer(torch.device("cpu")))
-    assert bench.executor.prefix_len == 32
-    assert torch.equal(bench.executor.cache.k[:, :, :32], before)
+    class Counting(TorchTarget):
+        def _forward(self, inputs, lo, hi):
+            if len(inputs["logit_rows"]) == len(inputs["input_ids"]):  # a verify (a prefill scores its last row)
+                passes.append(len(inputs["input_ids"]))
+            slots.append(self)
+            return super()._forward(inputs, lo, hi)
 
-
-def test_batched_probe_times_the_ragged_verify_and_keeps_every_cache(tiny):
+    monkeypatch.setattr(probe_module, "make_backend", lambda name, model, taps, threads: Counting(model, taps))
     settings = ProbeSettings(prefix_lengths=(8, 16), batch_sizes=(1, 2), packed_counts=(1, 4, 8), warmup=0, iters=2)
     tables = measure(*tiny, settings)
     profile = to_profile(tables, settings, sku="cpu", device="cpu (test)", target="tiny", dtype="float32",
                          max_buckets=8, host="test", notes="")
     assert profile.batch_sizes == (1, 2) and profile.prefix_lengths == (8, 16)
     assert set(profile.drafter_ms) == {1, 2}
-    model, tokenizer, drafter = tiny
-    from engine_builder.probe import prefix_ids
-
-    bench = Bench(model, drafter, prefix_ids(tokenizer, 16), batch=3, max_packed=8)
-    time_grid(bench, bench.draft([1, 2, 3]), settings, np.random.default_rng(1), Timer(torch.device("cpu")))
-    assert [c.length for c in bench.caches] == [16, 16, 16]
+    assert sorted(passes) == sorted([n * b for _ in (8, 16) for b in (1, 2) for n in (1, 4, 8)] * 2)
+    pool = slots[0].pool
+    assert not any(pool.in_use)  # every probe gave its slots back
 
 
 def test_probe_rejects_a_prefix_beyond_the_context_window(tiny):
     with pytest.raises(ValueError, match="context window"):
         measure(*tiny, ProbeSettings(prefix_lengths=(1020,), packed_counts=(1, 4)))
+    with pytest.raises(ValueError, match="--backend must be one of"):
+        measure(*tiny, ProbeSettings(prefix_lengths=(8,), packed_counts=(1, 4)), backend="tensorrt")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,14 +6,10 @@ import json
 
 import pytest
 
-from perf.bench_backends import BACKENDS, Column, bench_tree, run, write_report
+from perf.bench_backends import BACKENDS, Column, run, write_report
 from tests.runtime.doubles import random_target
 
 pytest.importorskip("onnxruntime")
-
-
-def test_bench_tree_has_the_asked_packed_count():
-    assert [bench_tree(n, vocab=64, seed=n).num_packed for n in (1, 2, 16, 64)] == [1, 2, 16, 64]
 
 
 def test_backend_bench_times_every_column_and_writes_json_table_and_plot(tmp_path):

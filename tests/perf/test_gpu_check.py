@@ -27,11 +27,11 @@ def test_dry_run_writes_one_report_with_every_section_and_a_width_profile(tmp_pa
     assert cases and all(c["max_abs_err"] <= c["tolerance"] for c in cases)
     assert [(r["prefix"], r["n"]) for r in sections["kernel"]["rows"]] == [(32, 16), (32, 32), (64, 16), (64, 32)]
     probe = sections["probe"]
-    assert probe["packed_counts"] == [1, 4, 8, 16] and set(probe["latency_ms"]) == {"sdpa", "tree_attention"}
+    assert probe["packed_counts"] == [1, 4, 8, 16] and set(probe["latency_ms"]) == {"torch"}
     profile = WidthProfile.from_dict(probe["width_profile"])  # directly a width profile
     assert profile.packed_counts == (1, 4, 8, 16) and profile.prefix_lengths == (32,)
     assert profile.provenance.source == "measured"
-    assert list(profile.latency_ms[32][1]) == probe["latency_ms"]["sdpa"]["32"]
+    assert list(profile.latency_ms[32][1]) == probe["latency_ms"]["torch"]["32"]
 
 
 def test_correctness_section_fails_on_a_wrong_kernel(monkeypatch):

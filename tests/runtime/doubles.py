@@ -107,3 +107,22 @@ def random_target(seed: int, vocab_size: int = 258) -> LlamaTarget:
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
     return model.eval().requires_grad_(False)
+
+
+def prefilled(model: LlamaTarget, ids, tap_layer_ids=(), capacity: int | None = None):
+    """(backend, slot, last-row logits [1, V], taps [P, F] | None): a fresh prefill of `ids`
+    through the engine's torch backend (`runtime.engine.backend.TorchTarget`)."""
+    from runtime.engine.backend import TorchTarget
+
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    backend = TorchTarget(model, tap_layer_ids)
+    slot = backend.new_sequence(capacity or ids.numel() + 64)
+    logits, taps = backend.prefill(slot, ids)
+    return backend, slot, logits, taps
+
+
+def fresh_kv(model: LlamaTarget, ids):
+    """Committed K, V [n, layers, Hkv, d] (numpy) of a fresh prefill of `ids`: what a
+    committed cache over the same tokens must equal."""
+    backend, slot, _, _ = prefilled(model, ids)
+    return backend.pool.committed(slot)

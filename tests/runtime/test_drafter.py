@@ -9,9 +9,8 @@ import torch
 
 from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter
 from runtime.drafter.config import CONFIG_NAME, WEIGHTS_NAME
-from runtime.target import TargetExecutor
 
-from tests.runtime.doubles import tiny_target
+from tests.runtime.doubles import prefilled, tiny_target
 
 BLOCK = 6  # root + 5 masks
 LAYER_IDS = [0, 2]
@@ -29,9 +28,7 @@ def drafter(target):
 
 
 def _taps(model, ids):
-    ex = TargetExecutor(model, LAYER_IDS)
-    ex.reset(64)
-    return ex.prefill(torch.tensor(ids)).taps
+    return prefilled(model, ids, LAYER_IDS)[3]
 
 
 def _draft(drafter, model, taps_chunks, root):

@@ -12,7 +12,6 @@ from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_
 from runtime.engine import LLMEngine, Request
 from runtime.drafter.config import WEIGHTS_NAME
 from runtime.drafter.vocab import DraftHead, DraftScores, coverage, d2t_from_ids, frequent_ids, ids_from_d2t, target_to_draft
-from runtime.target import TargetExecutor
 
 from tests.runtime.doubles import tiny_target
 

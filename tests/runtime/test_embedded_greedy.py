@@ -6,14 +6,11 @@ a shared 2-core box) is `slow`; the default run covers 2 prompts x 32 tokens.
 """
 
 import pytest
-import torch
 
 from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter
 from runtime.engine import LLMEngine, Request
-from runtime.target import TargetExecutor
-
-from tests.runtime.doubles import ScriptedDrafter
+from tests.runtime.doubles import ScriptedDrafter, fresh_kv
 
 NEW_TOKENS = 64
 PROMPTS = [
@@ -56,12 +53,9 @@ def _generate(engine, ids, method, budget, new_tokens, **kw):
 
 
 def _assert_kv_equals_fresh_prefill(embedded, target, tokens):
-    n = target.length  # the engine's pool slot: its committed rows against the reference executor's prefill
-    fresh = TargetExecutor(embedded.model)
-    fresh.reset(n)
-    fresh.prefill(torch.tensor(tokens[:n]))
-    for buf, ours in zip(("k", "v"), target.pool.committed(target)):  # [n, layers, Hkv, d]
-        diff = abs(ours - getattr(fresh.cache, buf)[:, :, :n].permute(2, 0, 1, 3).numpy()).max()
+    n = target.length  # the engine's pool slot: its committed rows against a fresh prefill of its tokens
+    for buf, ours, fresh in zip(("k", "v"), target.pool.committed(target), fresh_kv(embedded.model, tokens[:n])):
+        diff = abs(ours - fresh).max()  # [n, layers, Hkv, d]
         assert diff <= 1e-4, (buf, diff)
 
 

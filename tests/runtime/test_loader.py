@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from runtime.loader import SUPPORTED_MODEL_TYPES, encode_prompt, load_hf_checkpoint, load_models, models_from_hf
-from runtime.target import TargetExecutor
-
+from tests.runtime.doubles import prefilled
 from tests.runtime.hf_checkpoints import EOT, FAMILIES, IM_END, write_tiny_checkpoint, write_tiny_drafter
 
 PROMPT = [257, 84, 82, 68, 81, 198, 71, 72, 258, 198, 257, 64]
@@ -30,9 +29,7 @@ def _ours_and_hf_logits(directory, dtype=None):
     from transformers import AutoModelForCausalLM
 
     loaded = load_models(str(directory), "none", dtype=dtype)
-    ex = TargetExecutor(loaded.target)
-    ex.reset(32)
-    ours = ex.prefill(torch.tensor(PROMPT)).logits[0]
+    ours = prefilled(loaded.target, PROMPT)[2][0]
     hf = AutoModelForCausalLM.from_pretrained(directory, dtype=loaded.dtype).eval()
     with torch.no_grad():
         ref = hf(torch.tensor(PROMPT)[None]).logits[0, -1]

@@ -14,7 +14,7 @@ from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter
 from runtime.drafter.config import CONFIG_NAME, WEIGHTS_NAME
 from runtime.engine import LLMEngine, Request
 from runtime.loader import encode_prompt
-from runtime.target import TargetExecutor
+from tests.runtime.doubles import prefilled
 
 PROMPTS = [  # fixed, not from any training or evaluation pool
     "Tom has 3 boxes with 12 pencils each. He gives away 10 pencils. How many are left?",
@@ -56,9 +56,8 @@ def test_shipped_head_predicts_the_targets_next_token_far_more_often_than_a_rand
         prompt = encode_prompt(embedded.tokenizer, text, chat=True)
         out = LLMEngine(model, None, spec=SpecConfig(method="ar")).generate([Request(prompt, 24)])[0]
         ids = torch.tensor(prompt + out.token_ids)
-        ex = TargetExecutor(model, layers)
-        ex.reset(len(ids))
-        continuations.append({"ids": ids, "prompt_len": len(prompt), "taps": ex.prefill(ids[:-1]).taps})
+        taps = prefilled(model, ids[:-1], layers)[3]
+        continuations.append({"ids": ids, "prompt_len": len(prompt), "taps": taps})
     trained = _depth1_hit_rate(shipped, embedded, frozen, continuations)
     random_head = random_drafter(model.config, block_size=16, target_layer_ids=layers, mask_token_id=16,
                                  intermediate_size=shipped.config.intermediate_size, seed=1)

@@ -1,14 +1,15 @@
-"""Our compact target forward equals the HF model (logits, taps, packed verify)."""
+"""Our compact target forward, as the engine runs it (`TorchTarget`), equals the HF model
+(logits, taps, packed verify, commit)."""
 
 import numpy as np
 import pytest
 import torch
 
 from cast_trtllm.tree import Tree
+from runtime.engine.backend import TorchTarget
 from runtime.model.llama import LlamaTarget, TargetConfig
-from runtime.target import TargetExecutor
 
-from tests.runtime.doubles import tiny_target
+from tests.runtime.doubles import fresh_kv, prefilled, tiny_target
 from tests.runtime.hf_checkpoints import FAMILIES, tiny_hf_model
 
 
@@ -31,11 +32,9 @@ def test_prefill_logits_and_taps_equal_hf(model_type):
     hf, model = tiny_target(model_type)
     ids = [3, 17, 5, 42, 9, 11, 60, 2]
     ref_logits, hidden = _hf_logits_and_hidden(hf, ids)
-    ex = TargetExecutor(model, tap_layer_ids=[0, 2])  # 2 = last layer (HF: after final norm)
-    ex.reset(32)
-    out = ex.prefill(torch.tensor(ids))
-    assert torch.allclose(out.logits[0], ref_logits[-1], rtol=1e-5, atol=1e-4)
-    assert torch.allclose(out.taps, torch.cat([hidden[1], hidden[3]], dim=-1), rtol=1e-5, atol=1e-4)
+    _, _, logits, taps = prefilled(model, ids, [0, 2])  # 2 = last layer (HF: after final norm)
+    assert torch.allclose(logits[0], ref_logits[-1], rtol=1e-5, atol=1e-4)
+    assert torch.allclose(taps, torch.cat([hidden[1], hidden[3]], dim=-1), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -47,11 +46,9 @@ def test_each_family_equals_hf_with_its_biases_norms_and_rope(family):
     assert model.layers[0].self_attn.q_proj.bias is None or model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
     ids = [257, 3, 17, 5, 42, 9, 11, 60, 2, 258]
     ref_logits, hidden = _hf_logits_and_hidden(hf, ids)
-    ex = TargetExecutor(model, tap_layer_ids=[0, 1])
-    ex.reset(32)
-    out = ex.prefill(torch.tensor(ids))
-    assert (out.logits[0] - ref_logits[-1]).abs().max().item() <= 1e-4
-    assert torch.allclose(out.taps, torch.cat([hidden[1], hidden[2]], dim=-1), rtol=1e-5, atol=1e-4)
+    _, _, logits, taps = prefilled(model, ids, [0, 1])
+    assert (logits[0] - ref_logits[-1]).abs().max().item() <= 1e-4
+    assert torch.allclose(taps, torch.cat([hidden[1], hidden[2]], dim=-1), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -78,33 +75,24 @@ def test_packed_tree_verify_equals_separate_causal_passes():
     prompt = [1, 2, 3, 4]
     # root b=7 with children 8, 9; 8 has child 10; 9 has child 11
     tree = _tree([-1, -1, 0, 1], [8, 9, 10, 11])
-    ex = TargetExecutor(model, tap_layer_ids=[1])
-    ex.reset(32)
-    ex.prefill(torch.tensor(prompt))
-    out = ex.verify(torch.tensor([7, 8, 9, 10, 11]), tree)
+    backend, slot, _, _ = prefilled(model, prompt, [1])
+    logits, taps = backend.verify([slot], [np.array([7, 8, 9, 10, 11])], [tree])
     for row, path in enumerate([[7], [7, 8], [7, 9], [7, 8, 10], [7, 9, 11]]):
         ref, hidden = _hf_logits_and_hidden(hf, prompt + path)
-        assert torch.allclose(out.logits[row], ref[-1], rtol=1e-5, atol=1e-4), row
-        assert torch.allclose(out.taps[row], hidden[2][-1], rtol=1e-5, atol=1e-4), row
+        assert torch.allclose(logits[row], ref[-1], rtol=1e-5, atol=1e-4), row
+        assert torch.allclose(taps[row], hidden[2][-1], rtol=1e-5, atol=1e-4), row
 
 
 def test_commit_leaves_the_cache_of_a_fresh_prefill():
     _, model = tiny_target()
     prompt = [1, 2, 3, 4]
     tree = _tree([-1, -1, 0, 1], [8, 9, 10, 11])
-    ex = TargetExecutor(model, tap_layer_ids=[1])
-    ex.reset(32)
-    ex.prefill(torch.tensor(prompt))
-    out = ex.verify(torch.tensor([7, 8, 9, 10, 11]), tree)
-    taps = ex.commit(np.array([2, 4]))  # accept 9 then 11
-    assert torch.equal(taps, out.taps[[0, 2, 4]])
-    fresh = TargetExecutor(model)
-    fresh.reset(32)
-    fresh.prefill(torch.tensor(prompt + [7, 9, 11]))
-    n = ex.prefix_len
-    assert n == 7
-    assert torch.allclose(ex.cache.k[:, :, :n], fresh.cache.k[:, :, :n], rtol=1e-5, atol=1e-4)
-    assert torch.allclose(ex.cache.v[:, :, :n], fresh.cache.v[:, :, :n], rtol=1e-5, atol=1e-4)
+    backend, slot, _, _ = prefilled(model, prompt, [1])
+    backend.verify([slot], [np.array([7, 8, 9, 10, 11])], [tree])
+    backend.commit(slot, np.array([0, 2, 4]))  # the root, then accept 9 and 11
+    assert backend.prefix_len(slot) == 7
+    for ours, fresh in zip(backend.pool.committed(slot), fresh_kv(model, prompt + [7, 9, 11])):
+        np.testing.assert_allclose(ours, fresh, rtol=1e-5, atol=1e-4)
 
 
 def test_embedded_logits_equal_hf_fp32(embedded_hf, embedded):
@@ -112,15 +100,13 @@ def test_embedded_logits_equal_hf_fp32(embedded_hf, embedded):
     ids = tok("The CAST decoder verifies a tree of drafted tokens in one pass.").input_ids
     with torch.no_grad():
         ref = hf(torch.tensor(ids)[None]).logits[0]
-    ex = TargetExecutor(embedded.model)
-    ex.reset(64)
-    ex.prefill(torch.tensor(ids[:-4]))
+    backend, slot, _, _ = prefilled(embedded.model, ids[:-4])
     chain = _tree([-1, 0, 1], ids[-3:])
-    out = ex.verify(torch.tensor(ids[-4:]), chain)
-    assert (out.logits - ref[-4:]).abs().max().item() <= 1e-4
+    logits, _ = backend.verify([slot], [np.array(ids[-4:])], [chain])
+    assert (logits - ref[-4:]).abs().max().item() <= 1e-4
 
 
 def test_tap_ids_outside_the_target_are_rejected():
     _, model = tiny_target()
     with pytest.raises(ValueError, match="outside the target's 3 layers"):
-        TargetExecutor(model, tap_layer_ids=[3])
+        TorchTarget(model, tap_layer_ids=[3])

@@ -11,9 +11,7 @@ from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DrafterExecutor, random_drafter
 from runtime.engine import LLMEngine, Request
-from runtime.target import TargetExecutor
-
-from tests.runtime.doubles import CharTokenizer, ScriptedDrafter, tiny_target
+from tests.runtime.doubles import CharTokenizer, ScriptedDrafter, fresh_kv, tiny_target
 
 PROMPTS = [[1, 2, 3], [40, 41, 7, 7, 7, 2], [9], [63, 0, 12, 33, 8, 5, 5, 19, 21]]
 
@@ -54,12 +52,8 @@ def test_greedy_with_long_accepted_paths_reproduces_ar_and_commits_kv(tiny, meth
         assert out.token_ids == ref
         assert max(out.accept_lengths) >= 3  # multi-token rounds really happened
         n = seq.target.length  # the KV cache equals a fresh prefill of the tokens it covers
-        fresh = TargetExecutor(tiny)
-        fresh.reset(128)
-        fresh.prefill(torch.tensor(prompt + out.token_ids)[:n])
-        for buf, ours in zip(("k", "v"), seq.target.pool.committed(seq.target)):  # [n, layers, Hkv, d]
-            theirs = getattr(fresh.cache, buf)[:, :, :n].permute(2, 0, 1, 3).numpy()
-            assert abs(ours - theirs).max() <= 1e-4
+        for ours, theirs in zip(seq.target.pool.committed(seq.target), fresh_kv(tiny, (prompt + out.token_ids)[:n])):
+            assert abs(ours - theirs).max() <= 1e-4  # [n, layers, Hkv, d]
 
 
 def test_tree_commits_more_than_chain_when_the_truth_is_off_rank(tiny):

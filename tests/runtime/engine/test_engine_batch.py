@@ -1,4 +1,4 @@
-"""The one engine at B > 1: ragged verify/draft parity, continuous batching, mixed methods
+"""The one engine at B > 1: batched verify/draft parity, continuous batching, mixed methods
 and token-for-token greedy equivalence with single-request AR."""
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.tree import build_tree
 from cast_trtllm.spec_config import SpecConfig
 from cast_trtllm.width import WidthPolicy
-from runtime.batch_forward import ragged_verify
 from runtime.drafter.checkpoint import random_drafter
 from runtime.drafter.executor import DrafterExecutor
 from runtime.engine import LLMEngine, Request
 from runtime.engine.trees import MeanBudget
-from runtime.kv_cache import KVCache
-from tests.runtime.doubles import random_target
-from runtime.target import TargetExecutor
+from runtime.engine.backend import TorchTarget
+from tests.runtime.doubles import prefilled, random_target
 
 VOCAB, L = 64, 4
 
@@ -119,35 +117,29 @@ def test_best_first_with_a_width_profile_uses_the_batched_stopping_rule(target):
     assert all(sum(r.budgets) < 7 * len(r.budgets) for r in results)
 
 
-def test_ragged_verify_logits_equal_single_request_verify(target):
-    ps = prompts(3, seed=7)
+def test_batched_verify_logits_equal_single_request_verify(target):
+    backend = TorchTarget(target, (0, 1))
     rng = np.random.default_rng(0)
-    trees, packs, caches, singles = [], [], [], []
-    for p in ps:
+    trees, packs, slots, singles = [], [], [], []
+    for p in prompts(3, seed=7):
         ids = rng.integers(0, VOCAB, (L, 4))
         lp = np.sort(np.log(rng.dirichlet(np.ones(4), L)), axis=1)[:, ::-1]
         tree = build_tree(ids, lp, int(rng.integers(0, 9)))
         pack = np.concatenate([[p[-1]], tree.tokens]).astype(np.int64)
-        single = TargetExecutor(target, (0, 1))
-        single.reset(64)
-        single.prefill(torch.tensor(p[:-1] or p))
-        singles.append(single.verify(torch.from_numpy(pack), tree))
-        ex = TargetExecutor(target, (0, 1))
-        ex.reset(64)
-        ex.prefill(torch.tensor(p[:-1] or p))
-        trees.append(tree), packs.append(pack), caches.append(ex.cache)
-    logits, taps = ragged_verify(target, caches, packs, trees, (0, 1))
-    torch.testing.assert_close(logits, torch.cat([s.logits for s in singles]), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(taps, torch.cat([s.taps for s in singles]), rtol=1e-4, atol=1e-4)
+        slot = backend.new_sequence(64)
+        backend.prefill(slot, torch.tensor(p[:-1] or p))
+        singles.append(backend.verify([slot], [pack], [tree]))  # B = 1; a verify never commits
+        trees.append(tree), packs.append(pack), slots.append(slot)
+    logits, taps = backend.verify(slots, packs, trees)  # ONE pass over the three packs
+    torch.testing.assert_close(logits, torch.cat([s[0] for s in singles]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(taps, torch.cat([s[1] for s in singles]), rtol=1e-4, atol=1e-4)
 
 
 def test_batched_draft_equals_one_drafter_call_per_request(target, drafter):
     batched = DrafterExecutor(drafter, target)
     states, singles, roots = [], [], []
     for p in prompts(3, seed=8):
-        ex = TargetExecutor(target, drafter.config.target_layer_ids)
-        ex.reset(64)
-        taps = ex.prefill(torch.tensor(p)).taps
+        taps = prefilled(target, p, drafter.config.target_layer_ids)[3]
         single = batched.new_state(64)
         batched.append_context(single, taps)
         state = batched.new_state(64)
