@@ -22,10 +22,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from runtime.kv_cache import CacheFullError
-
 CAPACITY_STEP = 128  # C grows in multiples of this (fewer regrowths, few wasted columns)
 MASKED = float(np.finfo(np.float32).min)  # additive mask value of a hidden column
+
+
+class CacheFullError(ValueError):
+    """The sequence would outgrow its cache (the model's context window)."""
 
 
 class Slot:

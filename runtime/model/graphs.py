@@ -20,15 +20,16 @@ import warnings
 from pathlib import Path
 from typing import Literal, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from cast_trtllm.masks import bitmask
+from cast_trtllm.tree import build_chain
 from plugins import onnx_schema
 from plugins.tree_attention import tree_attention_reference
 from runtime.model.layers import Rotary, apply_rope
 from runtime.model.llama import LlamaTarget
-from runtime.model.tree_attention_backend import causal_chain
 
 Flavour = Literal["onnx", "plugin"]
 FLAVOURS: tuple[str, ...] = ("onnx", "plugin")
@@ -212,7 +213,8 @@ def export_verify_graph(graph: VerifyGraph, path: str | Path, mask_words: int, e
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (n,), generator=gen).to(device)
     positions = example_prefix + torch.arange(n, device=device)
-    rows = torch.from_numpy(bitmask(causal_chain(n), num_words=words)).to(device)  # [n, W]
+    causal = build_chain(np.zeros((n - 1, 1), np.int64), np.zeros((n - 1, 1)))  # a prefill: the chain's mask
+    rows = torch.from_numpy(bitmask(causal, num_words=words)).to(device)  # [n, W]
     past_shape = [cfg.num_layers, example_prefix, cfg.num_kv_heads, cfg.head_dim]
     past = [torch.randn(past_shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2)]
     dynamic = {"input_ids": {0: "n"}, "position_ids": {0: "n"}, "bitmask": {0: "n"}, "past_keys": {1: "past"},

@@ -12,7 +12,7 @@ import torch
 from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DrafterExecutor, random_drafter
 from runtime.engine import LLMEngine, Request
-from runtime.kv_cache import CacheFullError
+from runtime.backends.slot_pool import CacheFullError
 from tests.runtime.doubles import random_target
 
 ort = pytest.importorskip("onnxruntime")

@@ -15,7 +15,7 @@ from cast_trtllm.tree import Tree, build_tree, topk_per_position
 from runtime.drafter import DrafterExecutor, random_drafter
 from runtime.engine import LLMEngine, Request
 from runtime.engine.backend import TorchTarget
-from runtime.kv_cache import CacheFullError
+from runtime.backends.slot_pool import CacheFullError
 from tests.runtime.doubles import ScriptedDrafter, random_target, tiny_target
 
 ort = pytest.importorskip("onnxruntime")
