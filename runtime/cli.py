@@ -42,7 +42,9 @@ def _summary(result, built) -> str:
               help="Keep only the k most likely tokens (0 = off).")
 @click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True,
               help="Nucleus sampling mass in (0, 1] (1 = off).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler: a run repeats exactly with a fixed --budget N (auto's widths follow measured timings, so its sampled stream may vary; its law does not).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the sampler: a run repeats exactly with a fixed --budget N (auto's widths follow "
+                   "measured timings, so its sampled stream may vary; its law does not).")
 @click.option("--stop", "stop_strings", multiple=True, help="Stop string (repeatable); output ends with it.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--min-tokens", type=click.IntRange(min=0), default=0, show_default=True,
