@@ -90,28 +90,19 @@ class PooledTarget:
         roots = torch.as_tensor([int(p[0]) for p in packs], dtype=torch.int64, device=self.device)
         return self.verify_trees(seqs, roots, TreeBatch.from_host(trees, self.device), [n - 1 for n in sizes])
 
-    def verify_trees(self, seqs: Sequence[Slot], roots: torch.Tensor, trees: TreeBatch, sizes: Sequence[int],
-                     prompts: Sequence[tuple[Slot, np.ndarray]] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def verify_trees(self, seqs: Sequence[Slot], roots: torch.Tensor, trees: TreeBatch, sizes: Sequence[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ONE pass over every request's pack [root, first sizes[b] nodes of its tree], built
-        on the device from the trees' tensors (no host read), and over prompt chunks riding
-        along (slot, ids [c]: causal, after the slot's committed rows). roots: [B] on this device.
-        Returns logits [Σn + len(prompts), V] (every pack row, then each chunk's last row) and
-        taps [Σn + Σc, F] | None, packs first in `flat_rows` order, then the chunks in order."""
-        packed, chunks = [1 + s for s in sizes], [len(ids) for _, ids in prompts]
-        n = max(packed + chunks + [1])
+        on the device from the trees' tensors (no host read). roots: [B] on this device.
+        Returns logits [Σn, V], taps [Σn, F] | None, rows in `flat_rows` order."""
+        packed = [1 + s for s in sizes]
+        n = max(packed)
         tokens, _, depth = trees.pack(roots)  # [B, 1 + W]
         request, row = (torch.from_numpy(a).to(self.device) for a in flat_rows(packed))
         lengths = torch.as_tensor([s.length for s in seqs], dtype=torch.int64, device=self.device)
-        visible = torch.ones((len(packed) + len(chunks), n, n), dtype=torch.bool, device=self.device).tril()
-        m = min(n, trees.width + 1)  # nodes past every size are not packed
-        visible[:len(packed), :m, :m] = trees.ancestors()[:, :m, :m]
-        flat_ids, positions = [tokens[request, row]], [lengths[request] + depth[request, row]]
-        for slot, ids in prompts:
-            flat_ids.append(torch.as_tensor(ids, dtype=torch.int64, device=self.device))
-            positions.append(torch.arange(slot.length, slot.length + len(ids), device=self.device))
-        ends = len(request) + np.cumsum(chunks, dtype=np.int64) - 1
-        return self._run(list(seqs) + [slot for slot, _ in prompts], torch.cat(flat_ids), torch.cat(positions),
-                         visible, packed + chunks, np.concatenate([np.arange(len(request)), ends]).astype(np.int64))
+        visible = trees.ancestors()[:, :n, :n]  # nodes past every size are not packed
+        return self._run(seqs, tokens[request, row], lengths[request] + depth[request, row], visible, packed,
+                         np.arange(len(request), dtype=np.int64))
 
     def commit(self, seq: Slot, kept_rows: np.ndarray) -> None:
         """Keep pack rows [0] + accepted path: K/V -> x∘b∘y_1:A."""

@@ -10,14 +10,12 @@ from runtime.engine.trees import expected_committed
 
 
 def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, drafting: list[Sequence],
-            marks, prefilled: bool) -> None:
-    """marks: (t0 start, t1 drafted, t2 trees built, t3 verified, t4 committed) in seconds;
-    prefilled: prompt chunks rode this round's pass (its verify time is not a verify reading)."""
+            marks) -> None:
+    """marks: (t0 start, t1 drafted, t2 trees built, t3 verified, t4 committed) in seconds."""
     t0, t1, t2, t3, t4 = marks
     draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
     if engine.cost is not None and batch:  # every round measures the live configuration's costs
-        if not prefilled:
-            engine.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
+        engine.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
         if drafting:  # what drafting adds: the drafter call and the tree host work
             engine.cost.observe_draft(draft_ms + (t2 - t1) * 1e3, len(drafting))
     overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3

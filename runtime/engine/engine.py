@@ -35,7 +35,7 @@ from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
 from runtime.engine.accounting import account
-from runtime.engine.prefill import first_tokens, take_chunks
+from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
 from runtime.device_trees import TreeBatch
 from runtime.model.llama import LlamaTarget
@@ -161,7 +161,7 @@ class LLMEngine:
             return []
         clock, live = self.clock, self.active
         t0 = clock.now()
-        batch = [s for s in live if not s.prefilling]  # decoding; prompt chunks ride the same pass
+        batch = [s for s in live if not s.prefilling]  # decoding; prompts still prefilling get chunks
         drafting = self._drafts(batch)
         scores = None
         if drafting:
@@ -169,25 +169,26 @@ class LLMEngine:
             scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
         t1 = clock.now()
         trees, tree_batch, sizes, drafts, masses = self._trees(batch, drafting, scores)
-        rows = sum(1 + n for n in sizes)  # decode rows of the pass
-        chunks = take_chunks([s for s in live if s.prefilling], self.max_num_tokens - rows, not batch)
-        roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
-        t2 = clock.now()
-        logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes,
-                                                [(s.target, ids) for s, ids in chunks])
-        t3 = clock.now()
-        accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits[:rows], self.host_reads,
-                                            lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
-        kept = [self._commit(seq, tree, acc, processed.get(b), draft)
-                for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
-        self.target.commit_many([s.target for s in batch] + [s.target for s, _ in chunks],  # KV compaction:
-                                kept + [np.arange(len(ids)) for _, ids in chunks])  # one gather on the device
-        queue_taps(batch, sizes, kept, taps)
-        first_tokens(chunks, logits[rows:], None if taps is None else taps[rows:], clock.now())
+        chunks = take_chunks([s for s in live if s.prefilling], self.max_num_tokens - sum(1 + n for n in sizes),
+                             not batch)
+        t2 = t3 = clock.now()
+        if batch:
+            roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
+            logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
+            t3 = clock.now()
+            accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads,
+                                                lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
+            kept = [self._commit(seq, tree, acc, processed.get(b), draft)
+                    for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
+            self.target.commit_many([s.target for s in batch], kept)  # KV compaction: one gather on the device
+            queue_taps(batch, sizes, kept, taps)
+        t4 = clock.now()
+        for seq, ids in chunks:  # after the decode pass, each in a pass of its own (see runtime.engine.prefill)
+            first_token(seq, ids, *self.target.prefill(seq.target, torch.from_numpy(ids)), clock.now())
         finished = [s for s in live if s.done]
         for seq in finished:
             self._release(seq)
-        account(self, batch, trees, masses, drafting, (t0, t1, t2, t3, clock.now()), prefilled=bool(chunks))
+        account(self, batch, trees, masses, drafting, (t0, t1, t2, t3, t4))
         self.active = [s for s in live if not s.done]
         return finished
 
