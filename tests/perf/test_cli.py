@@ -44,3 +44,21 @@ def test_sweep_table_puts_the_oracle_next_to_the_predicted_width():
     assert row["gap_pp"] == pytest.approx(100 * (10 / 8.2 - 1 - 0.25))
     assert row["ungated_gap_pp"] == pytest.approx(100 * (10 / 8.6 - 1 - 0.25)) and row["ar_ms_per_token"] is None
     assert "| 6.1 |" in format_sweep({"x": row}) and "| 6.5 |" in format_sweep({"x": row})
+
+
+def _timed(method, ms, R, verify, overhead):
+    return {"method": method, "ms_per_token": ms, "mean_R": R, "verify_share": verify, "overhead_share": overhead}
+
+
+def test_ceiling_is_ar_over_the_verify_time_per_token_of_the_best_fixed_n():
+    """t_AR / (t(N) * verify share): what is left if drafting and host work were free."""
+    from perf.ceiling import ceiling_rows, ceiling_table
+
+    summary = [_timed("ar", 30.0, 1.0, 0.98, 0.02), _timed("chain", 36.0, 2.0, 0.8, 0.04),
+               _timed("cast:3", 25.0, 2.0, 0.6, 0.05), _timed("cast:15", 30.0, 2.8, 0.8, 0.04),
+               _timed("cast:auto", 24.0, 2.1, 0.7, 0.05)]
+    (row,) = ceiling_rows({"gsm8k": {"summary": summary}})
+    assert row["best_N"] == 3 and row["per_N_draft_and_host_free"] == {3: 2.0, 15: 1.25}
+    assert row["ceiling_draft_free"] == pytest.approx(30.0 / (25.0 * 0.65))
+    assert row["measured_auto"] == pytest.approx(30.0 / 24.0)
+    assert "| gsm8k | 30.0 | 3 | 2.00 | 2.00x |" in ceiling_table([row])

@@ -99,3 +99,15 @@ def test_latency_page_renders_speedups_per_domain_and_the_reproduce_command(repo
     assert "python -m perf.bench latency --dataset gsm8k" in text and "not run here" in text
     assert "| ar | 1.00x | 1.00x | 1.00x | 4/4 |" in text
     assert (tmp_path / "lat.png").is_file()
+
+
+def test_sweep_page_renders_table_2_and_the_ceiling_of_this_machine(report, tmp_path):
+    from perf.page import sweep_page
+    from perf.sweep import sweep_table
+
+    _, rep = report
+    sweep = {"mode": "sweep", "command": "python -m perf.bench sweep --dataset gsm8k --budgets 5",
+             "sweep": {"gsm8k": sweep_table(rep["summary"], [5])}, "domains": {"gsm8k": rep}}
+    text = sweep_page(sweep, str(tmp_path / "s"))
+    assert "| gsm8k |" in text and "What this machine allows" in text and sweep["command"] in text
+    assert (tmp_path / "s.png").is_file()
