@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
+from runtime.loader import eos_token_ids
 from runtime.result import GenerationResult, Timings
 
 PEERS = ("hf", "dflash")
@@ -82,6 +83,8 @@ class Peers:
             from runtime.loader import load_hf_checkpoint
 
             self._hf = load_hf_checkpoint(self.target, "cpu", "float32")
+            if self.ignore_eos:  # `generate` fills an unset eos from the model's own config: unset it there
+                self._hf.model.generation_config.eos_token_id = None
         return self._hf
 
     def describe(self) -> dict[str, str]:
@@ -103,8 +106,7 @@ class Peers:
         config.do_sample, config.max_new_tokens, config.min_new_tokens = False, max_new_tokens, None
         config.temperature = config.top_p = config.top_k = None
         config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if self.ignore_eos:
-            config.eos_token_id = None
+        config.eos_token_id = None if self.ignore_eos else list(eos_token_ids(model, tokenizer))  # the engine's set
         ids = torch.tensor([list(prompt_ids)])
         streamer = _FirstToken()
         start = time.perf_counter()
@@ -138,7 +140,7 @@ class Peers:
 
     def _dflash_generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
         reference, head = self._load_dflash()
-        stop = None if self.ignore_eos else list(self.hf.model.generation_config.eos_token_id or []) or None
+        stop = None if self.ignore_eos else list(eos_token_ids(self.hf.model, self.hf.tokenizer))
         stats = reference.dflash_generate(head, self.hf.model, torch.tensor([list(prompt_ids)]), max_new_tokens,
                                           stop, return_stats=True)
         tokens = stats.output_ids[0, len(prompt_ids):].tolist()
@@ -153,11 +155,14 @@ def _serve(conn: Any, target: str, drafter_dir: str | None, ignore_eos: bool, th
     """The peer process: decode each (name, prompt ids, max new tokens) it is sent; reply (ok, result | error)."""
     torch.set_num_threads(threads)
     peers = Peers(target, drafter_dir, ignore_eos)
-    while (job := conn.recv()) is not None:
-        try:
-            conn.send((True, peers(*job)))
-        except (PeerUnavailable, ValueError) as err:
-            conn.send((False, (type(err).__name__, str(err))))
+    try:
+        while (job := conn.recv()) is not None:
+            try:
+                conn.send((True, peers(*job)))
+            except (PeerUnavailable, ValueError) as err:
+                conn.send((False, (type(err).__name__, str(err))))
+    except (EOFError, BrokenPipeError):  # the benchmark process is gone
+        pass
     conn.close()
 
 

@@ -3,7 +3,8 @@
 The engine is the one every command and the server run (`runtime.engine.build`): any
 target and drafter the loader accepts, the one `SpecConfig`. Each benchmarked method is a
 per-request override (method, budget, draft gate) of that engine; an outside peer
-(`perf.peers`: `hf`, `dflash`) runs on the same target weights, loaded on first use.
+(`perf.peers`: `hf`, `dflash`) runs on the same target weights in a process of its own,
+started on first use.
 """
 
 from __future__ import annotations
