@@ -1,8 +1,8 @@
 """How fast CAST could be on this machine: the speedup ceiling left by the verify pass alone.
 
-From a results run (`perf.results_page`), per domain and fixed N: the measured committed
-length R(N) and the verify ms per round c(N) give the speedup over the fastest AR
-configuration if drafting and host work cost nothing:
+From a width sweep (`perf.bench sweep`, whose page shows this table), per domain and fixed
+N: the measured committed length R(N) and the verify ms per round c(N) give the speedup
+over AR if drafting and host work cost nothing:
 
     ceiling(N) = t_AR / (c(N) / R(N)) = t_AR / (t(N) * verify_share(N))
 
@@ -10,17 +10,11 @@ and, with only drafting free (host work as measured), t_AR / (t(N) * (verify + o
 share)). The best N of each is the most any width rule, draft gate or faster drafter
 could reach on this target, drafter head and machine: when it sits below a speedup goal,
 the goal needs a better drafter (higher R) or a flatter verify curve, not more tuning.
-
-    python -m perf.ceiling perf/results      # table on stdout, <dir>/ceiling_cpu.json
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Mapping
-
-import click
 
 
 def _fixed_n(method: str) -> int | None:
@@ -33,10 +27,9 @@ def ceiling_rows(reports: Mapping[str, Mapping]) -> list[dict[str, Any]]:
     rows = []
     for domain, rep in reports.items():
         summary = {r["method"]: r for r in rep["summary"]}
-        ars = [r["ms_per_token"] for m, r in summary.items() if m == "ar" or m.startswith("ar@")]
-        if not ars:  # a run without AR has nothing to compare with
+        if "ar" not in summary:  # a run without AR has nothing to compare with
             continue
-        ar = min(ars)
+        ar = summary["ar"]["ms_per_token"]
         free_draft, free_all = {}, {}
         for method, r in summary.items():
             n = _fixed_n(method)
@@ -49,7 +42,7 @@ def ceiling_rows(reports: Mapping[str, Mapping]) -> list[dict[str, Any]]:
         best = max(free_all, key=free_all.get)
         auto = summary.get("cast:auto")
         rows.append({
-            "domain": domain, "fastest_ar_ms": ar, "best_N": best, "R_at_best_N": summary[f"cast:{best}"]["mean_R"],
+            "domain": domain, "ar_ms": ar, "best_N": best, "R_at_best_N": summary[f"cast:{best}"]["mean_R"],
             "ceiling_draft_and_host_free": free_all[best], "ceiling_draft_free": max(free_draft.values()),
             "measured_auto": None if auto is None else ar / auto["ms_per_token"],
             "per_N_draft_and_host_free": dict(sorted(free_all.items())),
@@ -58,11 +51,11 @@ def ceiling_rows(reports: Mapping[str, Mapping]) -> list[dict[str, Any]]:
 
 
 def ceiling_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| domain | fastest AR ms/tok | best N | R at that N | ceiling, draft + host free "
+    lines = ["| domain | AR ms/tok | best N | R at that N | ceiling, draft + host free "
              "| ceiling, draft free | cast:auto measured |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         auto = "-" if r["measured_auto"] is None else f"{r['measured_auto']:.2f}x"
-        lines.append(f"| {r['domain']} | {r['fastest_ar_ms']:.1f} | {r['best_N']} | {r['R_at_best_N']:.2f} "
+        lines.append(f"| {r['domain']} | {r['ar_ms']:.1f} | {r['best_N']} | {r['R_at_best_N']:.2f} "
                      f"| {r['ceiling_draft_and_host_free']:.2f}x | {r['ceiling_draft_free']:.2f}x | {auto} |")
     if rows:
         def mean(values: list) -> str:
@@ -72,24 +65,3 @@ def ceiling_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| **mean** | | | | {mean([r['ceiling_draft_and_host_free'] for r in rows])} "
                      f"| {mean([r['ceiling_draft_free'] for r in rows])} | {mean([r['measured_auto'] for r in rows])} |")
     return "\n".join(lines)
-
-
-def read_reports(folder: Path) -> dict[str, dict]:
-    """The bench_<domain>.json reports of a results folder, in file-name order."""
-    reports = {p.stem.removeprefix("bench_"): json.loads(p.read_text()) for p in sorted(folder.glob("bench_*.json"))}
-    if not reports:
-        raise click.UsageError(f"{folder} holds no bench_<domain>.json reports; run perf.results_page first")
-    return reports
-
-
-@click.command()
-@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
-def main(folder: Path) -> None:
-    """Print the speedup ceiling of a results folder and write <folder>/ceiling_cpu.json."""
-    rows = ceiling_rows(read_reports(folder))
-    (folder / "ceiling_cpu.json").write_text(json.dumps(rows, indent=2) + "\n")
-    click.echo(ceiling_table(rows))
-
-
-if __name__ == "__main__":
-    main()

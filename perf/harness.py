@@ -26,13 +26,14 @@ WARMUP_TOKENS = 16
 class MethodSpec:
     """One benchmarked configuration: `ar`, `chain`, `cast:N`, `cast:auto` (width policy
     plus the draft gate, `cast_trtllm.draft_gate`) or `cast:auto-ungated` (width policy
-    only), optionally with a LOSSY relaxed acceptance rule (`cast_trtllm.relaxed.RelaxedRule`)."""
+    only), optionally with a LOSSY relaxed acceptance rule (`cast_trtllm.relaxed.RelaxedRule`);
+    or an outside peer on the same target (`perf.peers`): `hf` (transformers `generate`,
+    greedy AR) or `dflash` (z-lab's reference chain decoding with the same drafter head)."""
 
-    method: str              # ar | chain | cast
+    method: str              # ar | chain | cast | hf | dflash
     budget: int | None = None  # cast: fixed N; None = auto (width profile)
     relaxed: Any = None      # RelaxedRule | None
     draft_gate: bool = False  # cast:auto: skip drafting where AR measures faster
-    variant: str | None = None  # execution variant (perf.variants): another backend / dtype / threads
 
     def __post_init__(self) -> None:
         if self.draft_gate and not (self.method == "cast" and self.budget is None):
@@ -40,12 +41,11 @@ class MethodSpec:
 
     @property
     def base_label(self) -> str:
-        at = "" if self.variant is None else f"@{self.variant}"
         if self.method != "cast":
-            return self.method + at
+            return self.method
         if self.budget is not None:
-            return f"cast:{self.budget}{at}"
-        return ("cast:auto" if self.draft_gate else "cast:auto-ungated") + at
+            return f"cast:{self.budget}"
+        return "cast:auto" if self.draft_gate else "cast:auto-ungated"
 
     @property
     def label(self) -> str:
@@ -55,24 +55,19 @@ class MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """`ar,chain,cast:15,cast:auto,cast:auto-ungated` -> specs; bare `cast` means `cast:auto`.
-    Any item may end in `@VARIANT` (perf.variants: e.g. `ar@bf16`, `ar@ort-t2`)."""
-    from perf.variants import check_variant
-
+    """`ar,chain,cast:15,cast:auto,cast:auto-ungated,hf,dflash` -> specs; bare `cast` means `cast:auto`."""
     specs = []
     for item in (s.strip() for s in text.split(",")):
-        item, at, variant = item.partition("@")
-        variant = check_variant(variant) if at else None
         name, _, arg = item.partition(":")
-        if name in ("ar", "chain") and not arg:
-            specs.append(MethodSpec(name, variant=variant))
+        if name in ("ar", "chain", "hf", "dflash") and not arg:
+            specs.append(MethodSpec(name))
         elif name == "cast" and arg in ("", "auto", "auto-ungated"):
-            specs.append(MethodSpec("cast", draft_gate=arg != "auto-ungated", variant=variant))
+            specs.append(MethodSpec("cast", draft_gate=arg != "auto-ungated"))
         elif name == "cast" and arg.isdigit() and int(arg) >= 1:
-            specs.append(MethodSpec("cast", int(arg), variant=variant))
+            specs.append(MethodSpec("cast", int(arg)))
         else:
-            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto, cast:auto-ungated or "
-                             "cast:N (N >= 1), optionally @VARIANT")
+            raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto, cast:auto-ungated, "
+                             "cast:N (N >= 1), or a peer: hf, dflash")
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--methods lists a method twice: {labels}")

@@ -122,3 +122,11 @@ def relaxed_block(label: str, rule: RelaxedRule, relaxed: dict[str, Any], lossle
         "decode_ms_per_token": relaxed["performance"]["decode_ms_per_token"],
         "lossless_decode_ms_per_token": lossless["performance"]["decode_ms_per_token"],
     }
+
+
+def relaxed_blocks(specs: list, report: dict[str, Any], run: Any) -> list[dict[str, Any]]:
+    """A `relaxed_block` for every relaxed twin of a bench run (`perf.harness.BenchRun`) and its report."""
+    blocks = {b["label"]: b for b in report["runs"]}
+    return [relaxed_block(s.label, s.relaxed, blocks[s.label], blocks[s.base_label],
+                          [tv for r in run.runs[s.label] for tv in (r.step_tvs or [])])
+            for s in specs if s.relaxed is not None]

@@ -20,7 +20,9 @@ import numpy as np
 
 from perf.harness import BenchRun, MethodSpec, RequestRun
 
-DECODING_MODE = {"ar": "AR", "chain": "DFlash", "cast": "CAST"}
+DECODING_MODE = {"ar": "AR", "chain": "DFlash", "cast": "CAST", "hf": "AR (transformers generate)",
+                 "dflash": "DFlash (z-lab reference)"}
+LOSSLESS = ("ar", "chain", "cast", "hf", "dflash")  # greedy output must equal AR's, token for token
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -54,8 +56,10 @@ def dataset_info(name: str, runs: Sequence[RequestRun], output_tokens: Sequence[
                 [a + b for a, b in zip(isl, output_tokens)])}
 
 
-def method_block(spec: MethodSpec, runs: Sequence[RequestRun]) -> dict[str, Any]:
-    """request_info / performance / decoding_stats of one method over all requests."""
+def method_block(spec: MethodSpec, runs: Sequence[RequestRun], ar: Sequence[RequestRun] | None = None
+                 ) -> dict[str, Any]:
+    """request_info / performance / decoding_stats of one method over all requests; with `ar`
+    (AR's runs of the same requests) each request says whether its tokens equal AR's."""
     results = [r.result for r in runs]
     tokens = [len(g.token_ids) for g in results]
     total_tokens = sum(tokens)
@@ -101,14 +105,16 @@ def method_block(spec: MethodSpec, runs: Sequence[RequestRun]) -> dict[str, Any]
                          "finish_reasons": dict(Counter(g.finish_reason for g in results))},
         "performance": performance,
         "decoding_stats": decoding_stats,
-        "requests": [request_row(r) for r in runs],
+        "lossless": spec.method in LOSSLESS and spec.relaxed is None,
+        "equal_to_ar": None if ar is None else sum(r.result.token_ids == a.result.token_ids for r, a in zip(runs, ar)),
+        "requests": [request_row(r, a) for r, a in zip(runs, ar or [None] * len(runs))],
     }
 
 
-def request_row(run: RequestRun) -> dict[str, Any]:
+def request_row(run: RequestRun, ar: RequestRun | None = None) -> dict[str, Any]:
     """Per-request figures, enough to re-pool a method's summary over prompt shards."""
     g, t = run.result, run.result.timings
-    return {"task_id": run.task_id, "input_length": run.prompt_tokens, "output_length": len(g.token_ids),
+    return {"task_id": run.task_id, "equal_to_ar": None if ar is None else g.token_ids == ar.result.token_ids, "input_length": run.prompt_tokens, "output_length": len(g.token_ids),
             "decode_ms_per_token": g.decode_ms_per_token, "mean_R": g.mean_accept_length, "ttft_ms": t.ttft_ms,
             "decode_ms": t.decode_ms, "num_rounds": g.num_rounds, "sum_budget": sum(g.budgets),
             "drafted_rounds": sum(g.drafted),
@@ -116,10 +122,8 @@ def request_row(run: RequestRun) -> dict[str, Any]:
 
 
 def summarize(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per method: t, tokens/s, speedup over AR, gain over chain, mean R, TTFT, split."""
+    """One row per method: t, tokens/s, speedup over AR, gain over chain, mean R, TTFT, split, = AR."""
     t = {b["label"]: b["performance"]["decode_ms_per_token"] for b in blocks}
-    ar_variants = [v for k, v in t.items() if (k == "ar" or k.startswith("ar@")) and v]
-    best_ar = min(ar_variants) if ar_variants else None
     rows = []
     for b in blocks:
         p, d, mine = b["performance"], b["decoding_stats"], t[b["label"]]
@@ -130,20 +134,23 @@ def summarize(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "ms_per_token": mine,
             "tokens_per_s": p["decode_tokens_per_s"],
             "speedup_over_ar": t["ar"] / mine if "ar" in t and mine else None,
-            "speedup_over_fastest_ar": best_ar / mine if best_ar and mine else None,
             "gain_over_chain": t["chain"] / mine - 1.0 if "chain" in t and mine else None,
             "mean_R": al.get("average"),
             "mean_budget": nd.get("average"),
             "drafted_share": d.get("drafted_round_share"),
             "ttft_ms": p["avg_time_to_first_token_ms"],
             **{f"{k}_share": v for k, v in p["time_split_fraction"].items()},
+            "lossless": b.get("lossless"),
+            "equal_to_ar": b.get("equal_to_ar"),
+            "requests": b["request_info"]["num_requests"],
         })
     return rows
 
 
 def build_report(bench: BenchRun, dataset: str, output_tokens: Sequence[int], engine: dict[str, Any],
                  settings: dict[str, Any]) -> dict[str, Any]:
-    blocks = [method_block(s, bench.runs[s.label]) for s in bench.specs]
+    ar = bench.runs.get("ar") if not settings.get("temperature") else None  # greedy: lossless means equal
+    blocks = [method_block(s, bench.runs[s.label], ar) for s in bench.specs]
     first = bench.runs[bench.specs[0].label]
     return {
         "engine": engine,
@@ -160,16 +167,25 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _agreement(row: dict[str, Any]) -> str:
+    """`k/n` requests whose greedy tokens equal AR's; `!` marks a lossless method that differs."""
+    if row.get("equal_to_ar") is None:
+        return "-"
+    flag = "!" if row.get("lossless") and row["equal_to_ar"] != row["requests"] else ""
+    return f"{row['equal_to_ar']}/{row['requests']}{flag}"
+
+
 def format_table(rows: Sequence[dict[str, Any]], markdown: bool = False) -> str:
     """The summary as a fixed-width (or markdown) table."""
     head = ["method", "ms/tok", "tok/s", "vs AR", "vs chain", "mean R", "mean N", "TTFT ms",
-            "draft", "verify", "overhead"]
+            "draft", "verify", "overhead", "= AR"]
     body = [[r["method"], _fmt(r["ms_per_token"], ".2f"), _fmt(r["tokens_per_s"], ".1f"),
              _fmt(r["speedup_over_ar"], ".2f") + ("x" if r["speedup_over_ar"] is not None else ""),
              _fmt(None if r["gain_over_chain"] is None else 100 * r["gain_over_chain"], "+.1f")
              + ("%" if r["gain_over_chain"] is not None else ""),
              _fmt(r["mean_R"], ".2f"), _fmt(r["mean_budget"], ".1f"), _fmt(r["ttft_ms"], ".1f"),
-             *(f"{100 * r[k]:.0f}%" for k in ("draft_share", "verify_share", "overhead_share"))]
+             *(f"{100 * r[k]:.0f}%" for k in ("draft_share", "verify_share", "overhead_share")),
+             _agreement(r)]
             for r in rows]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -2,12 +2,14 @@
 
 The engine is the one every command and the server run (`runtime.engine.build`): any
 target and drafter the loader accepts, the one `SpecConfig`. Each benchmarked method is a
-per-request override (method, budget, draft gate) of that engine.
+per-request override (method, budget, draft gate) of that engine; an outside peer
+(`perf.peers`: `hf`, `dflash`) runs on the same target weights in a process of its own,
+started on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from cast_trtllm.sampling import SamplingParams
@@ -19,29 +21,21 @@ class DecodeSession:
     built: Any  # runtime.engine.build.Built
     ignore_eos: bool = False
     chat: bool = True
-    variants: dict[str, Any] = field(default_factory=dict)  # perf.variants.Variant per name, built on first use
+    peers: Any = None  # perf.peers.PeerProcess, started on first use
+    peer_threads: int = 1  # torch threads of the peers' process
 
     @property
     def engine(self) -> dict[str, Any]:
         """The report's `engine` block."""
-        return {**self.built.describe(), "ignore_eos": self.ignore_eos, "chat_template": self.chat,
-                "variants": {k: v.description for k, v in self.variants.items()}}
+        return {**self.built.describe(), "ignore_eos": self.ignore_eos, "chat_template": self.chat}
 
-    def _run(self, spec: MethodSpec, request: Any):
-        if spec.variant is None:
-            return self.built.engine.generate([request])[0]
-        import torch
+    def peer(self, name: str, prompt_ids: Sequence[int], max_new_tokens: int):
+        if self.peers is None:
+            from perf.peers import PeerProcess
 
-        from perf.variants import build_variant
-
-        if spec.variant not in self.variants:
-            self.variants[spec.variant] = build_variant(spec.variant, self.built)
-        variant, threads = self.variants[spec.variant], torch.get_num_threads()
-        torch.set_num_threads(variant.threads or threads)
-        try:
-            return variant.engine.generate([request])[0]
-        finally:
-            torch.set_num_threads(threads)
+            self.peers = PeerProcess(self.built.models.source, getattr(self.built.models, "drafter_source", None),
+                                     self.ignore_eos, self.peer_threads)
+        return self.peers(name, prompt_ids, max_new_tokens)
 
     def encode(self, prompt: str) -> list[int]:
         return self.built.encode(prompt, self.chat)
@@ -51,13 +45,17 @@ class DecodeSession:
         """Decode one prompt: (GenerationResult, per-step TVs for a relaxed spec else None)."""
         from runtime.engine import Request
 
+        if spec.method in ("hf", "dflash"):
+            if not sampling.greedy:
+                raise ValueError(f"peer {spec.method} runs greedy only: drop --temperature")
+            return self.peer(spec.method, prompt_ids, max_new_tokens), None
         auto = spec.method == "cast" and spec.budget is None
         request = Request(tuple(prompt_ids), max_new_tokens, sampling, method=spec.method,
                           budget="auto" if auto else spec.budget, draft_gate=spec.draft_gate if auto else None,
                           ignore_eos=self.ignore_eos)
         engine = self.built.engine
         if spec.relaxed is None:
-            return self._run(spec, request), None
+            return engine.generate([request])[0], None
         from perf.relaxed_eval import RelaxedEngine, step_tvs
 
         if not isinstance(engine, RelaxedEngine):

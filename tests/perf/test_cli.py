@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from perf.cli import bench, format_sweep, prepare_dataset, sweep_table
+from perf.cli import bench, prepare_dataset
+from perf.sweep import format_sweep, sweep_table
 from perf.datasets import default_data_dir, read_requests
 
 
@@ -20,13 +21,14 @@ def test_bench_with_a_missing_drafter_names_the_checkpoint(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"task_id": 0, "prompt": "hi", "output_tokens": 4}\n')
     missing = tmp_path / "no-such-head"
-    result = CliRunner().invoke(bench, ["--dataset", str(data), "--methods", "ar,chain", "--drafter", str(missing)])
+    result = CliRunner().invoke(bench, ["latency", "--dataset", str(data), "--methods", "ar,chain", "--drafter",
+                                        str(missing)])
     assert result.exit_code != 0 and "no-such-head" in result.output
     assert "Traceback" not in result.output
 
 
 def test_bench_rejects_relaxed_rules_at_temperature_zero(tmp_path):
-    result = CliRunner().invoke(bench, ["--dataset", "gsm8k", "--relaxed", "cactus:0.5"])
+    result = CliRunner().invoke(bench, ["latency", "--dataset", "gsm8k", "--relaxed", "cactus:0.5"])
     assert result.exit_code != 0 and "temperature" in result.output
 
 
@@ -44,37 +46,19 @@ def test_sweep_table_puts_the_oracle_next_to_the_predicted_width():
     assert "| 6.1 |" in format_sweep({"x": row}) and "| 6.5 |" in format_sweep({"x": row})
 
 
-def _shard(task_ids, ms_per_round, skip):
-    """A one-domain sweep report (budgets [1]) whose requests take ms_per_round[label] per round."""
-    methods = ["chain", "cast:1", "cast:auto"]
-    runs = [{"label": m, "method": m.split(":")[0], "budget": None,
-             "requests": [{"task_id": t, "output_length": 10, "num_rounds": 5, "mean_R": 2.0, "decode_ms": 5 * ms,
-                           "sum_budget": 5, "drafted_rounds": 4, "ttft_ms": 1.0,
-                           "time_split_ms": {"draft": ms, "verify": 3 * ms, "overhead": ms}} for t in task_ids]}
-            for m, ms in ms_per_round.items()]
-    settings = {"methods": methods, "budgets": [1], "temperature": 0.0, "num_prompts": len(task_ids),
-                "skip_prompts": skip}
-    domain = {"engine": {}, "machine": {}, "settings": settings, "runs": runs, "summary": []}
-    return {"sweep": {"he": {}}, "domains": {"he": domain}}
+def _timed(method, ms, R, verify, overhead):
+    return {"method": method, "ms_per_token": ms, "mean_R": R, "verify_share": verify, "overhead_share": overhead}
 
 
-def test_sweep_reports_merge_by_domain_and_pool_prompt_shards_of_one_domain():
-    from perf.sweep_merge import merge_sweeps
+def test_ceiling_is_ar_over_the_verify_time_per_token_of_the_best_fixed_n():
+    """t_AR / (t(N) * verify share): what is left if drafting and host work were free."""
+    from perf.ceiling import ceiling_rows, ceiling_table
 
-    a = {"sweep": {"gsm8k": {"oracle_width": 3}}, "domains": {"gsm8k": {"summary": []}}}
-    fast = _shard([0, 1], {"chain": 40.0, "cast:1": 20.0, "cast:auto": 20.0}, 0)
-    slow = _shard([2, 3, 4], {"chain": 80.0, "cast:1": 60.0, "cast:auto": 50.0}, 2)
-    merged = merge_sweeps([a, fast, slow])
-    assert set(merged["sweep"]) == set(merged["domains"]) == {"gsm8k", "he"}
-    rows = {r["method"]: r for r in merged["domains"]["he"]["summary"]}
-    assert rows["cast:1"]["ms_per_token"] == pytest.approx((2 * 100 + 3 * 300) / 50)  # summed windows / tokens
-    assert rows["cast:auto"]["drafted_share"] == pytest.approx(0.8) and rows["cast:1"]["verify_share"] == 0.6
-    table = merged["sweep"]["he"]
-    assert table["oracle_width"] == 1 and table["gap_pp"] == pytest.approx(
-        100 * (rows["cast:auto"]["gain_over_chain"] - rows["cast:1"]["gain_over_chain"]))
-    with pytest.raises(ValueError, match="more than one shard"):
-        merge_sweeps([fast, fast])
-    other = _shard([5], {"chain": 1.0, "cast:1": 1.0, "cast:auto": 1.0}, 5)
-    other["domains"]["he"]["settings"]["budgets"] = [3]
-    with pytest.raises(ValueError, match="shards differ"):
-        merge_sweeps([fast, other])
+    summary = [_timed("ar", 30.0, 1.0, 0.98, 0.02), _timed("chain", 36.0, 2.0, 0.8, 0.04),
+               _timed("cast:3", 25.0, 2.0, 0.6, 0.05), _timed("cast:15", 30.0, 2.8, 0.8, 0.04),
+               _timed("cast:auto", 24.0, 2.1, 0.7, 0.05)]
+    (row,) = ceiling_rows({"gsm8k": {"summary": summary}})
+    assert row["best_N"] == 3 and row["per_N_draft_and_host_free"] == {3: 2.0, 15: 1.25}
+    assert row["ceiling_draft_free"] == pytest.approx(30.0 / (25.0 * 0.65))
+    assert row["measured_auto"] == pytest.approx(30.0 / 24.0)
+    assert "| gsm8k | 30.0 | 3 | 2.00 | 2.00x |" in ceiling_table([row])

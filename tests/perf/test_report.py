@@ -80,11 +80,34 @@ def test_decode_ms_per_token_is_the_ratio_of_summed_decode_windows_to_tokens(rep
     assert block["performance"]["decode_ms_per_token"] == pytest.approx(expected)
 
 
-def test_results_page_renders_tables_and_the_reproduce_command(report, tmp_path):
-    from perf.results_page import write_page
+def test_every_greedy_method_reports_how_many_requests_equal_ar(report):
+    _, rep = report
+    rows = {r["method"]: r for r in rep["summary"]}
+    assert all(r["lossless"] and r["equal_to_ar"] == r["requests"] == 2 for r in rows.values())
+    assert all(q["equal_to_ar"] for b in rep["runs"] for q in b["requests"])
+    assert format_table(rep["summary"]).splitlines()[2].endswith("2/2")
+
+
+def test_latency_page_renders_speedups_per_domain_and_the_reproduce_command(report, tmp_path):
+    from perf.page import latency_page
 
     _, rep = report
-    page = write_page(tmp_path, {"gsm8k": rep, "mt_bench": rep}, "python -m perf.results_page --num-prompts 20")
-    text = page.read_text()
+    bench = {"mode": "latency", "command": "python -m perf.bench latency --dataset gsm8k", "peers": {},
+             "peer_gaps": {"dflash": "not importable"}, "domains": {"gsm8k": rep, "mt_bench": rep}}
+    text = latency_page(bench, str(tmp_path / "lat"))
     assert "## gsm8k" in text and "## mt_bench" in text and "| cast:5 |" in text
-    assert "python -m perf.results_page --num-prompts 20" in text
+    assert "python -m perf.bench latency --dataset gsm8k" in text and "not run here" in text
+    assert "| ar | 1.00x | 1.00x | 1.00x | 4/4 |" in text
+    assert (tmp_path / "lat.png").is_file()
+
+
+def test_sweep_page_renders_table_2_and_the_ceiling_of_this_machine(report, tmp_path):
+    from perf.page import sweep_page
+    from perf.sweep import sweep_table
+
+    _, rep = report
+    sweep = {"mode": "sweep", "command": "python -m perf.bench sweep --dataset gsm8k --budgets 5",
+             "sweep": {"gsm8k": sweep_table(rep["summary"], [5])}, "domains": {"gsm8k": rep}}
+    text = sweep_page(sweep, str(tmp_path / "s"))
+    assert "| gsm8k |" in text and "What this machine allows" in text and sweep["command"] in text
+    assert (tmp_path / "s.png").is_file()

@@ -40,16 +40,17 @@ def test_bench_runs_a_qwen3_checkpoint(qwen3, tmp_path):
     data.write_text("".join(json.dumps({"task_id": i, "prompt": p, "output_tokens": 8}) + "\n"
                             for i, p in enumerate(["hello", "count to ten"])))
     report = tmp_path / "r.json"
-    result = CliRunner().invoke(main, ["bench", "--dataset", str(data), "--methods", "ar,chain,cast:7",
+    result = CliRunner().invoke(main, ["bench", "latency", "--dataset", str(data), "--methods", "ar,chain,cast:7",
                                        "--target", str(target), "--drafter", str(drafter), "--dtype", "float32",
-                                       "--threads", "1", "--no-progress", "--report-json", str(report)])
+                                       "--threads", "1", "--no-progress", "--out", str(report)])
     assert result.exit_code == 0, result.output
-    rows = {r["method"]: r for r in json.loads(report.read_text())["summary"]}
+    rows = {r["method"]: r for r in json.loads(report.read_text())["domains"]["prompts"]["summary"]}
     assert set(rows) == {"ar", "chain", "cast:7"} and all(r["ms_per_token"] > 0 for r in rows.values())
+    assert all(r["equal_to_ar"] == r["requests"] == 2 for r in rows.values())
 
 
-@pytest.mark.parametrize("command, methods", [("bench", ["--methods", "chain"]),
-                                              ("sweep", ["--budgets", "3", "--no-ar", "--no-auto"])])
+@pytest.mark.parametrize("command, methods", [(["bench", "latency"], ["--methods", "chain"]),
+                                              (["sweep"], ["--budgets", "3", "--no-ar", "--no-auto"])])
 def test_bench_and_sweep_run_on_the_default_execution_path(qwen3, tmp_path, monkeypatch, command, methods):
     """No --dtype / --threads: whatever autoconfig measures and picks on this machine runs."""
     monkeypatch.setenv("CAST_CACHE_DIR", str(tmp_path / "cache"))
@@ -57,10 +58,9 @@ def test_bench_and_sweep_run_on_the_default_execution_path(qwen3, tmp_path, monk
     data = tmp_path / "prompts.jsonl"
     data.write_text(json.dumps({"task_id": 0, "prompt": "hello", "output_tokens": 4}) + "\n")
     report = tmp_path / "r.json"
-    result = CliRunner().invoke(main, [command, "--dataset", str(data), *methods, "--target", str(target),
-                                       "--drafter", str(drafter), "--no-progress", "--report-json", str(report)])
+    result = CliRunner().invoke(main, [*command, "--dataset", str(data), *methods, "--target", str(target),
+                                       "--drafter", str(drafter), "--no-progress", "--out", str(report)])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
-    document = json.loads(report.read_text())
-    run = document if command == "bench" else document["domains"][str(data)]
+    run = json.loads(report.read_text())["domains"]["prompts"]
     assert run["engine"]["backend"] in ("torch", "onnxruntime") and "measured now" in run["engine"]["execution"]
     assert "chain" in {r["method"] for r in run["summary"]} and all(r["ms_per_token"] > 0 for r in run["summary"])

@@ -1,0 +1,175 @@
+"""One benchmark, shaped like `trtllm-bench`, on the engine the servers run (`build_engine`
+defaults unless flags say otherwise), with outside peers as rows of the same run.
+
+    python -m perf.bench latency --dataset gsm8k,humaneval --num-prompts 20 --max-new-tokens 128 \
+        --methods ar,chain,cast:auto,dflash,hf --out perf/results/latency_cpu
+    python -m perf.bench throughput --dataset gsm8k --num-prompts 16 --max-new-tokens 32 \
+        --concurrency 1,4,16,32 --methods ar,chain,cast:3,cast:auto --out perf/results/throughput_cpu
+    python -m perf.bench sweep --dataset gsm8k,mt_bench --budgets 1,3,7,15,31,63 --out sweep
+
+(`cast-trtllm bench latency|throughput|sweep` is the same command.) `latency` decodes one
+request at a time (B = 1), every method interleaved per prompt with the order rotated
+(`perf.harness`); `throughput` serves the pool at each concurrency (`perf.throughput`);
+`sweep` is `latency` over CAST budgets with the paper's Table 2 (`perf.sweep`). Every
+greedy output of a lossless method is checked against AR's, token for token. Each writes
+OUT.json (the report, with the command that reproduces it and the machine) and OUT.md (a
+page) with plots beside them. `--dataset` takes named sets or `prepare-dataset` JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from perf.datasets import DatasetError
+from perf.harness import MethodSpec, parse_methods
+from perf.peers import PEERS, PeerUnavailable
+from perf.run import (command_line, domain_label, domains, load_session, run_domain, run_options, split_options,
+                      write_outputs)
+from runtime.options import model_options, spec_options
+
+PEER_HELP = "Peers run greedy at B = 1: hf (transformers generate, fp32), dflash (z-lab reference chain)."
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def bench() -> None:
+    """trtllm-bench-style runs: latency (B = 1), throughput (concurrency sweep), sweep (CAST widths)."""
+
+
+def _fail(err: Exception) -> click.ClickException:
+    return click.ClickException(str(err))
+
+
+def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[list[MethodSpec], dict[str, str]]:
+    """Drop the peers that cannot run here -> (specs that run, {peer: why not})."""
+    gaps = {}
+    for spec in [s for s in specs if s.method in PEERS]:
+        try:
+            session.peer(spec.method, prompt, 2)
+        except PeerUnavailable as err:
+            gaps[spec.method] = str(err)
+            click.echo(f"[perf.bench] peer {spec.method} does not run here: {err}", err=True)
+    return [s for s in specs if s.method not in gaps], gaps
+
+
+@bench.command()
+@click.option("--methods", default="ar,chain,cast:auto,dflash,hf", show_default=True,
+              help="Comma list of ar, chain, cast[:N|auto|auto-ungated], and peers hf, dflash. " + PEER_HELP)
+@click.option("--relaxed", default=None, metavar="NAME:ALPHA",
+              help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
+@click.option("--peer-threads", type=click.IntRange(1), default=1, show_default=True,
+              help="torch threads of the peers' process. 1: on a shared 2-core CPU torch at 2 threads ran them "
+                   "4-15x slower under others' load (perf/peers.py).")
+@run_options
+@model_options
+@spec_options
+@click.pass_context
+def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads: int, **kwargs) -> None:
+    """Decode ms/token, speedup over AR, R, TTFT and time split per method, one request at a time."""
+    from perf.page import latency_page
+
+    params, engine = split_options(kwargs)
+    session = None
+    try:
+        specs, rule = parse_methods(methods), None
+        if relaxed is not None:
+            from perf.relaxed_eval import parse_relaxed
+
+            rule = parse_relaxed(relaxed)
+            if params["temperature"] <= 0:
+                raise ValueError("--relaxed rules are sampling rules: pass --temperature > 0")
+            specs += [MethodSpec(s.method, s.budget, rule) for s in specs if s.method in ("chain", "cast")]
+        session = load_session(engine, params, relaxed=rule is not None)
+        session.peer_threads = peer_threads
+        specs, gaps = check_peers(session, specs, session.encode("Hello"))
+        peers = {} if session.peers is None else session.peers.describe()
+        report = {"mode": "latency", "command": command_line(ctx), "peers": {s.method: peers[s.method] for s in specs
+                                                                             if s.method in PEERS},
+                  "peer_gaps": gaps, "domains": {}}
+        for name in domains(params["dataset"]):
+            rep, run = run_domain(session, name, specs, params, {"mode": "latency"})
+            if rule is not None:
+                from perf.relaxed_eval import relaxed_blocks
+
+                rep["relaxed"] = relaxed_blocks(specs, rep, run)
+            rep["accept_lengths"] = {s.label: [R for r in run.runs[s.label] for R in r.result.accept_lengths]
+                                     for s in specs if s.method != "ar"}
+            report["domains"][domain_label(name)] = rep
+            write_outputs(params["out"], report, latency_page(report, params["out"]))  # each domain kept as it ends
+    except (ValueError, DatasetError) as err:
+        raise _fail(err) from None
+    finally:
+        if session is not None and session.peers is not None:
+            session.peers.close()
+    _finish(report, latency_page(report, params["out"]), params)
+
+
+@bench.command()
+@click.option("--methods", default="ar,chain,cast:3,cast:15,cast:auto", show_default=True,
+              help="Comma list of ar, chain, cast[:N|auto|auto-ungated] (ar first: ratios are to it).")
+@click.option("--concurrency", default="1,4,16,32", show_default=True, help="Comma list of live-request limits.")
+@run_options
+@model_options
+@spec_options
+@click.pass_context
+def throughput(ctx: click.Context, methods: str, concurrency: str, **kwargs) -> None:
+    """Tokens/s of each method at each concurrency (continuous batching), greedy, EOS ignored."""
+    from perf.page import throughput_page
+    from perf.report import machine_info
+    from perf.run import load_requests
+    from perf.throughput import run
+
+    params, engine = split_options(kwargs)
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+        if not levels or min(levels) < 1:
+            raise ValueError(f"--concurrency {concurrency!r}: expected positive integers")
+        specs = parse_methods(methods)
+        if specs[0].label != "ar" or any(s.method in PEERS for s in specs):
+            raise ValueError("--methods: list ar first (every ratio is to it); peers run in latency mode only")
+        if params["temperature"] or params["stop_at_eos"]:
+            raise ValueError("throughput runs greedy with EOS ignored: drop --temperature / --stop-at-eos")
+        session = load_session(engine, params)
+        cells = {}
+        for name in domains(params["dataset"]):
+            requests = load_requests(name, params["num_prompts"], params["skip_prompts"],
+                                     params["max_new_tokens"], params["data_dir"])
+            prompts = [list(r.input_ids) if r.input_ids is not None else session.encode(r.prompt) for r in requests]
+            max_new = params["max_new_tokens"] or requests[0].output_tokens
+            cells[domain_label(name)] = run(session.built.engine, prompts, max_new, specs, levels,
+                                            not params["no_progress"])
+    except (ValueError, DatasetError) as err:
+        raise _fail(err) from None
+    report = {"mode": "throughput", "command": command_line(ctx), "machine": machine_info(),
+              "engine": session.engine, "methods": [s.label for s in specs], "concurrency": levels,
+              "settings": {k: v for k, v in params.items() if k not in ("as_json", "no_progress")},
+              "domains": cells}
+    _finish(report, throughput_page(report, params["out"]), params)
+
+
+def _finish(report: dict, page: str, params: dict) -> None:
+    paths = write_outputs(params["out"], report, page)
+    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
+    if paths:
+        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
+    differs = [f"{d}: {r['method']}" for d, rep in report["domains"].items()
+               for r in (rep["summary"] if isinstance(rep, dict) else rep)
+               if r.get("lossless", True) and r.get("equal_to_ar") is not None
+               and r["equal_to_ar"] != r["requests"]]
+    if differs:
+        click.echo(f"[perf.bench] lossless methods whose greedy output differs from AR: {', '.join(differs)}",
+                   err=True)
+
+
+def _register_sweep() -> None:
+    from perf.sweep import sweep
+
+    bench.add_command(sweep)
+
+
+_register_sweep()
+
+if __name__ == "__main__":
+    sys.exit(bench())

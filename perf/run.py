@@ -1,0 +1,119 @@
+"""What every benchmark mode shares: the options, one domain's interleaved run, the exact
+command that reproduces a result, and writing the report JSON + page."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from cast_trtllm.sampling import SamplingParams
+from perf.datasets import NAMED_SETS, load_dataset
+from perf.harness import MethodSpec, run_bench
+from perf.report import build_report
+
+_OPTIONS = [
+    click.option("--dataset", required=True,
+                 help=f"Comma list of trtllm-bench JSONL files or named sets {sorted(NAMED_SETS)} (one domain each)."),
+    click.option("--num-prompts", type=click.IntRange(1), default=None, help="First N prompts of each domain."),
+    click.option("--skip-prompts", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="Drop the first K of those prompts (--num-prompts 20 --skip-prompts 14 runs 14..19)."),
+    click.option("--max-new-tokens", type=click.IntRange(1), default=None,
+                 help="Token budget of every request (default: each row's output_tokens)."),
+    click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+                 help="Evaluation data directory (default: ../shared/data next to the repo)."),
+    click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (request i uses seed + i)."),
+    click.option("--stop-at-eos", is_flag=True,
+                 help="Stop a request at EOS (default: ignore EOS, so every method commits the same tokens)."),
+    click.option("--no-chat", is_flag=True, help="Feed prompts raw instead of as one chat-template user turn."),
+    click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
+    click.option("--out", type=click.Path(dir_okay=False), default=None,
+                 help="Write OUT.json (report) and OUT.md (page) with OUT*.png plots beside them."),
+    click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout instead of the tables."),
+]
+
+
+def run_options(fn):
+    """The options every mode takes (datasets, budget, sampling, output)."""
+    for option in reversed(_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def domains(text: str) -> list[str]:
+    return [d.strip() for d in text.split(",") if d.strip()]
+
+
+def domain_label(dataset: str) -> str:
+    """A named set as is; a JSONL file by its stem (the report's and page's domain key)."""
+    return Path(dataset).stem if dataset.endswith(".jsonl") else dataset
+
+
+def load_requests(dataset: str, num_prompts: int | None, skip: int, max_new: int | None, data_dir: str | None):
+    requests = load_dataset(dataset, num_prompts, max_new, data_dir)
+    if skip >= len(requests):
+        raise ValueError(f"--skip-prompts {skip} leaves none of the {len(requests)} prompts of {dataset}")
+    return requests[skip:]
+
+
+def run_domain(session: Any, dataset: str, specs: Sequence[MethodSpec], params: dict[str, Any],
+               settings: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """One domain, every method interleaved per prompt -> (trtllm-bench-shaped report, BenchRun)."""
+    requests = load_requests(dataset, params["num_prompts"], params["skip_prompts"], params["max_new_tokens"],
+                             params["data_dir"])
+    bench = run_bench(requests, specs, session, session.encode,
+                      SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"])
+    report = build_report(bench, dataset, [r.output_tokens for r in requests], session.engine,
+                          {**settings, "temperature": params["temperature"], "seed": params["seed"],
+                           "methods": [s.label for s in specs], "num_prompts": len(requests),
+                           "skip_prompts": params["skip_prompts"], "max_new_tokens": params["max_new_tokens"]})
+    return report, bench
+
+
+def command_line(ctx: click.Context) -> str:
+    """The exact command that reproduces this run: `python -m perf.bench MODE` + every option not left at default."""
+    words = ["python", "-m", "perf.bench", ctx.info_name]
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT:
+            continue
+        value = ctx.params[param.name]
+        if getattr(param, "is_flag", False):
+            names = param.opts if value else param.secondary_opts
+            words += names[:1]
+        elif value is not None:
+            words += [param.opts[0], str(value)]
+    return shlex.join(words)
+
+
+def write_outputs(out: str | None, report: dict[str, Any], page: str) -> list[Path]:
+    """OUT.json and OUT.md (the plots were written next to them by the caller)."""
+    if not out:
+        return []
+    stem = Path(out).with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    paths[0].write_text(json.dumps(report, indent=2) + "\n")
+    paths[1].write_text(page)
+    return paths
+
+
+RUN_KEYS = ("dataset", "num_prompts", "skip_prompts", "max_new_tokens", "data_dir", "temperature", "seed",
+            "stop_at_eos", "no_chat", "no_progress", "out", "as_json")
+
+
+def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """click kwargs -> (run options, engine options for `runtime.options.engine_options`)."""
+    return ({k: v for k, v in kwargs.items() if k in RUN_KEYS},
+            {k: v for k, v in kwargs.items() if k not in RUN_KEYS})
+
+
+def load_session(engine: dict[str, Any], params: dict[str, Any], relaxed: bool = False):
+    """The one engine the servers run, behind the harness's `decode` callable (`perf.session`)."""
+    from perf.session import load_session as load
+    from runtime.options import engine_options
+
+    return load(engine_options(**engine), not params["stop_at_eos"], not params["no_chat"], relaxed)

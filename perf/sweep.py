@@ -1,0 +1,96 @@
+"""Width sweep (paper Table 2): AR, chain and CAST at each budget N, the sweep oracle next
+to the width `auto` predicts, per domain, on `perf.bench latency`'s interleaved run.
+
+    python -m perf.bench sweep --dataset gsm8k,humaneval,mt_bench --budgets 1,3,7,15,31,63 \
+        --num-prompts 20 --max-new-tokens 128 --out perf/results/width_sweep_cpu
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from perf.datasets import DatasetError
+from perf.harness import MethodSpec
+from perf.run import (command_line, domain_label, domains, load_session, run_domain, run_options, split_options,
+                      write_outputs)
+from runtime.options import model_options, spec_options
+
+
+def sweep_table(summary: list[dict[str, Any]], budgets: list[int]) -> dict[str, Any]:
+    """Paper Table 2 row for one domain: predicted (auto) vs sweep-oracle width.
+
+    `auto` is the product's width (policy + draft gate); `ungated` the width policy alone.
+    gap_pp = 100 * (gain of auto - gain of the best swept budget), both over the chain.
+    """
+    rows = {r["method"]: r for r in summary}
+    gains = {n: rows[f"cast:{n}"]["gain_over_chain"] for n in budgets}
+    oracle = max(budgets, key=lambda n: gains[n])
+    out = {"ms_per_token": {n: rows[f"cast:{n}"]["ms_per_token"] for n in budgets},
+           "chain_ms_per_token": rows["chain"]["ms_per_token"],
+           "ar_ms_per_token": rows["ar"]["ms_per_token"] if "ar" in rows else None,
+           "gain_over_chain": gains, "oracle_width": oracle, "oracle_gain": gains[oracle],
+           "gain_at_widest": gains[budgets[-1]]}
+    for key, label in (("", "cast:auto"), ("ungated_", "cast:auto-ungated")):
+        row = rows.get(label)
+        out |= {f"{key}predicted_width": None if row is None else row["mean_budget"],
+                f"{key}predicted_gain": None if row is None else row["gain_over_chain"],
+                f"{key}gap_pp": None if row is None else 100 * (row["gain_over_chain"] - gains[oracle]),
+                f"{key}drafted_share": None if row is None else row.get("drafted_share")}
+    return out
+
+
+def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
+    def pct(value: float | None, spec: str = "+.1f") -> str:
+        return "-" if value is None else format(100 * value, spec)
+
+    lines = ["| domain | auto: mean N (drafted rounds) | gain | gap (pp) | ungated: mean N | gain | gap (pp) "
+             "| oracle width (gain) | gain at widest N |", "|---|---|---|---|---|---|---|---|---|"]
+    for domain, s in sweep.items():
+        cells = []
+        for key in ("", "ungated_"):
+            width, share = s.get(f"{key}predicted_width"), s.get(f"{key}drafted_share")
+            head = "-" if width is None else f"{width:.1f}" + ("" if key or share is None else f" ({pct(share, '.0f')}%)")
+            gap = s.get(f"{key}gap_pp")
+            cells += [head, pct(s.get(f"{key}predicted_gain")) + ("%" if s.get(f"{key}predicted_gain") is not None else ""),
+                      "-" if gap is None else f"{gap:+.1f}"]
+        lines.append(f"| {domain} | " + " | ".join(cells) + f" | {s['oracle_width']} ({pct(s['oracle_gain'])}%) "
+                     f"| {pct(s['gain_at_widest'])}% |")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--budgets", default="1,3,7,15,31,63", show_default=True, help="Comma list of CAST budgets N.")
+@click.option("--no-auto", is_flag=True, help="Skip cast:auto and cast:auto-ungated (no width profile needed).")
+@click.option("--no-ar", is_flag=True, help="Skip the autoregressive reference row.")
+@click.option("--no-ungated", is_flag=True, help="Skip cast:auto-ungated (the width policy without the draft gate).")
+@run_options
+@model_options
+@spec_options
+@click.pass_context
+def sweep(ctx: click.Context, budgets: str, no_auto: bool, no_ar: bool, no_ungated: bool, **kwargs) -> None:
+    """Width sweep: ms/token of AR, chain and CAST at each budget N, sweep oracle vs predicted auto width."""
+    from perf.page import sweep_page
+
+    params, engine = split_options(kwargs)
+    try:
+        ns = sorted({int(b) for b in budgets.split(",")})
+        if not ns or ns[0] < 1:
+            raise ValueError(f"--budgets {budgets!r}: expected positive integers")
+        specs = ([] if no_ar else [MethodSpec("ar")]) + [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns]
+        specs += [] if no_auto else [MethodSpec("cast", draft_gate=True)] + ([] if no_ungated else [MethodSpec("cast")])
+        session = load_session(engine, params)
+        reports = {domain_label(name): run_domain(session, name, specs, params, {"mode": "sweep", "budgets": ns})[0]
+                   for name in domains(params["dataset"])}
+    except (ValueError, DatasetError) as err:
+        raise click.ClickException(str(err)) from None
+    report: dict[str, Any] = {"mode": "sweep", "command": command_line(ctx),
+                              "sweep": {name: sweep_table(r["summary"], ns) for name, r in reports.items()},
+                              "domains": reports}
+    page = sweep_page(report, params["out"])
+    paths = write_outputs(params["out"], report, page)
+    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
+    if paths:
+        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])

@@ -1,0 +1,53 @@
+"""`python -m perf.bench` end to end on the embedded model, tiny shapes: 2 prompts, 8 tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from perf.bench import bench
+
+PROMPTS = ("What is 12 times 7?", "Write a Python function that reverses a string.")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"task_id": i, "prompt": p, "output_tokens": 8}) + "\n"
+                            for i, p in enumerate(PROMPTS)))
+    return path
+
+
+def _run(args: list[str], out) -> dict:
+    result = CliRunner().invoke(bench, [*args, "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["command"].startswith(f"python -m perf.bench {args[0]} ") and "--dataset" in report["command"]
+    assert out.with_suffix(".md").read_text().count(report["command"]) == 1
+    assert out.with_suffix(".png").is_file()
+    return report
+
+
+def test_throughput_at_concurrency_1_and_2_equals_ar_for_every_method(dataset, tmp_path):
+    report = _run(["throughput", "--dataset", str(dataset), "--concurrency", "1,2", "--methods", "ar,chain,cast:auto"],
+                  tmp_path / "t")
+    assert {"cpu_model", "cpu_count", "torch_threads"} <= set(report["machine"])
+    rows = report["domains"]["tiny"]
+    methods = ("ar", "chain", "cast:auto")
+    assert [(r["concurrency"], r["method"]) for r in rows] == [(c, m) for c in (1, 2) for m in methods]
+    assert all(r["equal_to_ar"] == r["requests"] == 2 and r["tokens"] == 16 and r["tokens_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_latency_runs_the_engine_and_the_peers_side_by_side_and_lossless_rows_equal_ar(dataset, tmp_path):
+    """hf always runs; dflash runs where z-lab's package is importable, else its gap is reported."""
+    report = _run(["latency", "--dataset", str(dataset), "--methods", "ar,chain,cast:auto,hf,dflash"], tmp_path / "l")
+    domain = report["domains"]["tiny"]
+    assert {"cpu_model", "cpu_count", "torch_threads"} <= set(domain["machine"])
+    rows = {r["method"]: r for r in domain["summary"]}
+    ran = {"ar", "chain", "cast:auto", "hf"} | ({"dflash"} - set(report["peer_gaps"]))
+    assert set(rows) == ran and set(report["peers"]) == ran & {"hf", "dflash"}
+    assert all(r["lossless"] and r["equal_to_ar"] == r["requests"] == 2 for r in rows.values())
+    assert all(r["speedup_over_ar"] > 0 and r["ms_per_token"] > 0 for r in rows.values())
