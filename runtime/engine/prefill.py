@@ -11,8 +11,8 @@ for its whole prefill.
 Each chunk runs in a pass of its own after the decode pass, not inside it: the batched
 forward pads every slot of a pass to its widest pack (`runtime.model.batch_graph`), so a
 100-token chunk beside 32 one-token AR packs made the pass attend 32 x 100 query rows;
-measured on this CPU (default engine, `python -m perf.concurrency --concurrency 1,4,16,32
---num-prompts 32 --max-new-tokens 32`, two runs of the same hour) AR went from 119.7 / 128.6
+measured on this CPU (default engine, 32 GSM8K prompts x 32 tokens, `python -m perf.concurrency`,
+now `python -m perf.bench throughput`; two runs of the same hour) AR went from 119.7 / 128.6
 tok/s end to end at 16 / 32 requests (own passes) to 105.1 / 92.7 (fused). Fusing chunks into the decode pass needs a ragged
 attention (the varlen tree-attention kernel on CUDA). When a prompt's last chunk is in, the
 request samples its first token from the chunk's last row (min_tokens / bad_words
