@@ -129,7 +129,8 @@ def throughput_page(report: dict[str, Any], out: str | None) -> str:
     for name, rows in report["domains"].items():
         lines += [f"## {name}", "", "End to end (prefill included), tokens/s:", "",
                   table(rows, report["methods"], report["concurrency"]), "",
-                  "Decode rounds only (paper App. D), tokens/s:", "",
+                  "Inside the rounds (`LLMEngine.step`; prompt chunks included: prefill runs in the rounds), "
+                  "tokens/s:", "",
                   table(rows, report["methods"], report["concurrency"], "decode_tokens_per_s"), ""]
     png = _plot_path(out, "")
     if png is not None:
