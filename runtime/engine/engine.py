@@ -223,7 +223,8 @@ class LLMEngine:
         args = ([s.method for s in drafting], [s.budget for s in drafting],
                 [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width,
                 [s.acceptance_scale for s in drafting])
-        where = [b for b, seq in enumerate(batch) if id(seq) in {id(s) for s in drafting}]
+        drafts_now = {id(s) for s in drafting}
+        where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:
             chosen, size, chosen_masses = device_trees(*args, read=self.host_reads)
             trees, tree_batch = None, chosen.scatter(torch.as_tensor(where, device=ids.device), B)
