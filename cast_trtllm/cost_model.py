@@ -135,7 +135,9 @@ class OnlineCostModel:
         # stalled first reading must not hide a bucket that the other cells say is cheap
         out = [f if b not in own else own[b] if len(row[b]) >= self.min_readings else min(own[b], f)
                for b, f in zip(self.buckets, filled.tolist())]
-        return np.maximum(out, MIN_MS)
+        # non-decreasing in width: a narrower pack could always run padded to a wider bucket,
+        # so a narrower cell read dearer than a wider one is a stall, not a cost
+        return np.maximum(np.minimum.accumulate(np.array(out)[::-1])[::-1], MIN_MS)
 
     def _fill(self, x: np.ndarray, x_cells: np.ndarray, y_cells: np.ndarray) -> np.ndarray:
         """ell at packed-token totals x [C] from measured cells (totals x_cells [M], ms y_cells [M])."""

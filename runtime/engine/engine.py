@@ -73,6 +73,7 @@ class LLMEngine:
         self.probing = False  # this round is the load probe's
         self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
         self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # host search: faster on a CPU
+        self.prompt_context_ms = 0.0  # this round's drafter context pass over first drafts' prompts (prefill-like)
 
     @property
     def context_window(self) -> int:
@@ -164,6 +165,7 @@ class LLMEngine:
         batch = [s for s in live if not s.prefilling]  # decoding; prompts still prefilling get chunks
         drafting = self._drafts(batch)
         scores = None
+        self.prompt_context_ms = 0.0
         if drafting:
             self._append_contexts([s for s in drafting if s.pending_taps])
             scores = self._draft([s.draft_state for s in drafting], [s.root for s in drafting])
@@ -198,11 +200,16 @@ class LLMEngine:
         taps = [torch.cat(s.pending_taps) for s in seqs]
         for s in seqs:
             s.pending_taps = []
+        prompt_rows = sum(len(s.request.prompt_ids) for s in seqs if not any(s.drafted))  # a first draft's prompt
+        began = self.clock.now() if prompt_rows else 0.0
         if hasattr(self.drafter, "append_contexts"):
             self.drafter.append_contexts([s.draft_state for s in seqs], taps)
         else:
             for s, t in zip(seqs, taps):
                 self.drafter.append_context(s.draft_state, t)
+        if prompt_rows:  # its share of the pass is prefill, paid once: the cost model must not price it per round
+            rows = sum(t.shape[0] for t in taps)
+            self.prompt_context_ms = (self.clock.now() - began) * 1e3 * prompt_rows / rows
 
     def _draft(self, states: list, roots: list[int]) -> DraftScores:
         """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's

@@ -210,3 +210,15 @@ def test_the_learned_table_of_one_head_is_not_reused_for_another():
     one, other = (random_drafter(cfg, block_size=4, seed=s) for s in (1, 2))
     assert drafter_identity(one) == drafter_identity(random_drafter(cfg, block_size=4, seed=1))
     assert drafter_identity(one) != drafter_identity(other)
+
+
+def test_a_narrow_cell_read_dearer_than_a_wider_one_is_priced_at_the_wider_cost():
+    model = OnlineCostModel(prior=None, min_readings=1)
+    for _ in range(3):  # under load the AR cell kept catching stalls; 2 and 4 tokens read cheaper
+        model.observe_verify(4, 60.0, batch=4)
+        model.observe_verify(8, 45.0, batch=4)
+        model.observe_verify(16, 50.0, batch=4)
+    ms = model.verify_ms(batch=4)
+    assert ms[0] == ms[1] == 45.0 and ms[2] == 50.0  # AR is never priced above a wider round
+    assert np.all(np.diff(ms) >= 0)
+    assert model.ar_rate(batch=4) == pytest.approx(4 / 45.0)

@@ -1,0 +1,54 @@
+"""The live cost model's draft readings price what drafting adds to EVERY round: a first
+draft's context pass over its prompt is prefill, paid once, and stays out of them."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from cast_trtllm.spec_config import SpecConfig
+from runtime.drafter.checkpoint import random_drafter
+from runtime.drafter.executor import DrafterExecutor
+from runtime.engine import LLMEngine, Request
+from tests.runtime.doubles import random_target
+
+VOCAB, L, MS_PER_ROW = 64, 4, 2.0
+
+
+class Readings:
+    """Records the engine's cost readings (the `cost` argument's contract)."""
+
+    def __init__(self) -> None:
+        self.draft: list[float] = []
+        self.verify: list[float] = []
+
+    def observe_verify(self, packed: int, ms: float, batch: int = 1) -> None:
+        self.verify.append(ms)
+
+    def observe_draft(self, ms: float, batch: int = 1) -> None:
+        self.draft.append(ms)
+
+
+class SlowContext(DrafterExecutor):
+    """The real drafter, its context pass made MS_PER_ROW ms per tap row slower, so its
+    share of a round is known whatever this machine's speed."""
+
+    def _context(self, taps, positions):
+        time.sleep(MS_PER_ROW * taps.shape[0] / 1e3)
+        return super()._context(taps, positions)
+
+
+def test_a_first_drafts_prompt_context_is_not_priced_as_a_per_round_draft_cost():
+    target = random_target(seed=5, vocab_size=VOCAB)
+    drafter = SlowContext(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=6), target)
+    readings = Readings()
+    engine = LLMEngine(target, drafter, spec=SpecConfig(method="cast", budget=3), cost=readings)
+    prompt = np.random.default_rng(0).integers(0, VOCAB, size=150).tolist()
+    seq = engine.add_request(Request(prompt, 6))
+    while engine.active:
+        engine.step()
+    prompt_pass_ms = MS_PER_ROW * 150
+    assert seq.timings.first_draft_ms >= prompt_pass_ms  # the first draft did pay for the prompt ...
+    assert readings.draft and max(readings.draft) < prompt_pass_ms / 3  # ... but no reading carries it
+    assert len(readings.draft) == seq.num_rounds  # every drafted round is still read
