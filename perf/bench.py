@@ -19,6 +19,7 @@ page) with plots beside them. `--dataset` takes named sets or `prepare-dataset` 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 import click
@@ -74,6 +75,8 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads:
     session = None
     try:
         specs, rule = parse_methods(methods), None
+        if any(s.method == "best-first" for s in specs):
+            raise ValueError("--methods: best-first:W shares a budget over a batch: run it in throughput mode")
         if relaxed is not None:
             from perf.relaxed_eval import parse_relaxed
 
@@ -108,20 +111,25 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads:
 
 @bench.command()
 @click.option("--methods", default="ar,chain,cast:3,cast:15,cast:auto", show_default=True,
-              help="Comma list of ar, chain, cast[:N|auto|auto-ungated] (ar first: ratios are to it).")
+              help="Comma list of ar, chain, cast[:N|auto|auto-ungated], best-first:W (App. F: W x B nodes shared "
+                   "by best-first mass; in process only). ar first: ratios are to it.")
 @click.option("--concurrency", default="1,4,16,32", show_default=True, help="Comma list of live-request limits.")
+@click.option("--via", type=click.Choice(["engine", "openai"]), default="engine", show_default=True,
+              help="engine: in process; openai: start `cast-trtllm serve --api openai` with the engine flags and "
+                   "drive it with the openai client (TTFT, ITL, latency percentiles, lost requests).")
 @run_options
 @model_options
 @spec_options
 @click.pass_context
-def throughput(ctx: click.Context, methods: str, concurrency: str, **kwargs) -> None:
+def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, **kwargs) -> None:
     """Tokens/s of each method at each concurrency (continuous batching), greedy, EOS ignored."""
+    from perf import throughput as tp
     from perf.page import throughput_page
     from perf.report import machine_info
-    from perf.run import load_requests
-    from perf.throughput import run
+    from perf.run import load_requests, option_words
 
     params, engine = split_options(kwargs)
+    server = None
     try:
         levels = [int(c) for c in concurrency.split(",")]
         if not levels or min(levels) < 1:
@@ -131,19 +139,33 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, **kwargs) -> 
             raise ValueError("--methods: list ar first (every ratio is to it); peers run in latency mode only")
         if params["temperature"] or params["stop_at_eos"]:
             raise ValueError("throughput runs greedy with EOS ignored: drop --temperature / --stop-at-eos")
-        session = load_session(engine, params)
-        cells = {}
-        for name in domains(params["dataset"]):
-            requests = load_requests(name, params["num_prompts"], params["skip_prompts"],
-                                     params["max_new_tokens"], params["data_dir"])
-            prompts = [list(r.input_ids) if r.input_ids is not None else session.encode(r.prompt) for r in requests]
-            max_new = params["max_new_tokens"] or requests[0].output_tokens
-            cells[domain_label(name)] = run(session.built.engine, prompts, max_new, specs, levels,
-                                            not params["no_progress"])
+        pools = {domain_label(name): load_requests(name, params["num_prompts"], params["skip_prompts"],
+                                                   params["max_new_tokens"], params["data_dir"])
+                 for name in domains(params["dataset"])}
+        max_new = {d: params["max_new_tokens"] or rs[0].output_tokens for d, rs in pools.items()}
+        if via == "openai":
+            for spec in specs:  # a method the server cannot run is refused before it starts
+                tp.cast_options(spec)
+            flags = option_words(ctx, engine)
+            server, client = tp.start_server(flags, max(levels), 4 * max(map(len, pools.values())),
+                                             max(max_new.values()))
+            described = {"api": "openai", "server": "cast-trtllm serve --api openai " + shlex.join(flags)}
+            cells = {d: tp.run_openai(client, [r.prompt or r.input_ids for r in rs], max_new[d], specs, levels,
+                                      not params["no_chat"], not params["no_progress"]) for d, rs in pools.items()}
+        else:
+            session = load_session(engine, params)
+            described, cells = session.engine, {}
+            for d, rs in pools.items():
+                prompts = [list(r.input_ids) if r.input_ids is not None else session.encode(r.prompt) for r in rs]
+                cells[d] = tp.run(session.built.engine, prompts, max_new[d], specs, levels, not params["no_progress"])
     except (ValueError, DatasetError) as err:
         raise _fail(err) from None
-    report = {"mode": "throughput", "command": command_line(ctx), "machine": machine_info(),
-              "engine": session.engine, "methods": [s.label for s in specs], "concurrency": levels,
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+    report = {"mode": "throughput", "via": via, "command": command_line(ctx), "machine": machine_info(),
+              "engine": described, "methods": [s.label for s in specs], "concurrency": levels,
               "settings": {k: v for k, v in params.items() if k not in ("as_json", "no_progress")},
               "domains": cells}
     _finish(report, throughput_page(report, params["out"]), params)

@@ -74,19 +74,24 @@ def run_domain(session: Any, dataset: str, specs: Sequence[MethodSpec], params: 
     return report, bench
 
 
-def command_line(ctx: click.Context) -> str:
-    """The exact command that reproduces this run: `python -m perf.bench MODE` + every option not left at default."""
-    words = ["python", "-m", "perf.bench", ctx.info_name]
+def option_words(ctx: click.Context, names: Sequence[str] | None = None) -> list[str]:
+    """The options of `ctx` not left at default (only `names`, when given), as command-line words."""
+    words = []
     for param in ctx.command.params:
-        if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT:
+        if (names is not None and param.name not in names
+                or ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT):
             continue
         value = ctx.params[param.name]
         if getattr(param, "is_flag", False):
-            names = param.opts if value else param.secondary_opts
-            words += names[:1]
+            words += (param.opts if value else param.secondary_opts)[:1]
         elif value is not None:
             words += [param.opts[0], str(value)]
-    return shlex.join(words)
+    return words
+
+
+def command_line(ctx: click.Context) -> str:
+    """The exact command that reproduces this run: `python -m perf.bench MODE` + every option not left at default."""
+    return shlex.join(["python", "-m", "perf.bench", ctx.info_name, *option_words(ctx)])
 
 
 def write_outputs(out: str | None, report: dict[str, Any], page: str) -> list[Path]:
