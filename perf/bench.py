@@ -6,6 +6,8 @@ defaults unless flags say otherwise), with outside peers as rows of the same run
     python -m perf.bench throughput --dataset gsm8k --num-prompts 16 --max-new-tokens 32 \
         --concurrency 1,4,16,32 --methods ar,chain,cast:3,cast:auto --out perf/results/throughput_cpu
     python -m perf.bench sweep --dataset gsm8k,mt_bench --budgets 1,3,7,15,31,63 --out sweep
+    python -m perf.bench throughput --via openai ...   # the same, through `serve --api openai`
+    python -m perf.bench tree --budget 127   # tree construction vs a heapq reference (perf.bench_tree)
 
 (`cast-trtllm bench latency|throughput|sweep` is the same command.) `latency` decodes one
 request at a time (B = 1), every method interleaved per prompt with the order rotated
@@ -185,13 +187,15 @@ def _finish(report: dict, page: str, params: dict) -> None:
                    err=True)
 
 
-def _register_sweep() -> None:
+def _register() -> None:
+    from perf.bench_tree import tree
     from perf.sweep import sweep
 
     bench.add_command(sweep)
+    bench.add_command(tree)
 
 
-_register_sweep()
+_register()
 
 if __name__ == "__main__":
     sys.exit(bench())
