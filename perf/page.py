@@ -163,13 +163,12 @@ def throughput_page(report: dict[str, Any], out: str | None) -> str:
 
 def sweep_page(report: dict[str, Any], out: str | None) -> str:
     """The width-sweep page (Table 2); with `out`, OUT.png (gain over the chain vs N per domain)."""
-    from perf.ceiling import ceiling_rows, ceiling_table
-    from perf.sweep import format_sweep
+    from perf.sweep import ceiling_rows, ceiling_table, format_sweep
 
     lines = _header("Width sweep: CAST at each budget N against the predicted width", report)
     lines += [format_sweep(report["sweep"]), "", "## What this machine allows", "",
               "The most any width rule, gate or faster drafter could reach here: each fixed N's measured R(N) over its "
-              "verify time alone (`perf/ceiling.py`; best N shown).", "", ceiling_table(ceiling_rows(report["domains"])),
+              "verify time alone (`perf/sweep.py`; best N shown).", "", ceiling_table(ceiling_rows(report["domains"])),
               ""]
     for name, rep in report["domains"].items():
         lines += [f"## {name}", "", format_table(rep["summary"], markdown=True), ""]
