@@ -29,8 +29,9 @@ import click
 from perf.datasets import DatasetError
 from perf.harness import MethodSpec, parse_methods
 from perf.peers import PEERS, PeerUnavailable
-from perf.run import (command_line, domain_label, domains, load_session, run_domain, run_options, split_options,
+from perf.run import (command_line, domain_label, domains, run_domain, run_options, split_options,
                       write_outputs)
+from perf.session import load_session
 from runtime.options import model_options, spec_options
 
 PEER_HELP = "Peers run greedy at B = 1: hf (transformers generate, fp32), dflash (z-lab reference chain)."
@@ -62,6 +63,9 @@ def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[li
               help="Comma list of ar, chain, cast[:N|auto|auto-ungated], and peers hf, dflash. " + PEER_HELP)
 @click.option("--relaxed", default=None, metavar="NAME:ALPHA",
               help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
+@click.option("--round-parts", is_flag=True,
+              help="Also time the parts of the engine's decode rounds in place (feature cache, draft, trees, "
+                   "verify, commit), ms per round per method.")
 @click.option("--peer-threads", type=click.IntRange(1), default=1, show_default=True,
               help="torch threads of the peers' process. 1: on a shared 2-core CPU torch at 2 threads ran them "
                    "4-15x slower under others' load (perf/peers.py).")
@@ -69,7 +73,8 @@ def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[li
 @model_options
 @spec_options
 @click.pass_context
-def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads: int, **kwargs) -> None:
+def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: bool, peer_threads: int,
+            **kwargs) -> None:
     """Decode ms/token, speedup over AR, R, TTFT and time split per method, one request at a time."""
     from perf.page import latency_page
 
@@ -88,6 +93,8 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads:
             specs += [MethodSpec(s.method, s.budget, rule) for s in specs if s.method in ("chain", "cast")]
         session = load_session(engine, params, relaxed=rule is not None)
         session.peer_threads = peer_threads
+        if round_parts:
+            session.time_round_parts()
         specs, gaps = check_peers(session, specs, session.encode("Hello"))
         peers = {} if session.peers is None else session.peers.describe()
         report = {"mode": "latency", "command": command_line(ctx), "peers": {s.method: peers[s.method] for s in specs

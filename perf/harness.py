@@ -109,6 +109,7 @@ def run_bench(
     max_new_tokens: int | None = None,
     warmup: bool = True,
     progress: bool = True,
+    after_warmup: Callable[[], Any] = lambda: None,
 ) -> BenchRun:
     """Decode every request with every method (interleaved per prompt, order rotated) and collect results.
 
@@ -123,6 +124,7 @@ def run_bench(
     if warmup:
         for spec in specs:
             decode(prompts[0], spec, min(WARMUP_TOKENS, budgets[0]), replace(sampling, seed=base_seed))
+        after_warmup()
     out = BenchRun(list(specs), {s.label: [] for s in specs})
     bar = tqdm(total=len(requests) * len(specs), desc="bench", unit="run", disable=not progress)
     for i, (request, ids) in enumerate(zip(requests, prompts)):

@@ -107,6 +107,12 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
               "split), and requests whose greedy tokens equal AR's (`!`: a lossless method that differs)."]
     for name, rep in report["domains"].items():
         lines += ["", f"## {name}", "", format_table(rep["summary"], markdown=True)]
+        if rep.get("round_parts_ms"):
+            parts = ("feature cache", "draft", "trees (host)", "verify", "commit (host)", "round")
+            lines += ["", "Where a decode round's time goes (`--round-parts`, timed in place), ms per round:", "",
+                      "| method | rounds | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 2)]
+            lines += [f"| {m} | {p['rounds']:.0f} | " + " | ".join(f"{p.get(k, 0.0):.2f}" for k in parts) + " |"
+                      for m, p in rep["round_parts_ms"].items()]
         for r in rep.get("relaxed", []):
             lines += ["", f"LOSSY {r['label']}: R {r['mean_R']:.2f} (lossless {r['lossless_mean_R']:.2f}), "
                       f"per-step TV {r['mean_step_tv']:.4f}, response length {100 * r['response_length_change']:+.1f}%, "

@@ -66,11 +66,14 @@ def run_domain(session: Any, dataset: str, specs: Sequence[MethodSpec], params: 
     requests = load_requests(dataset, params["num_prompts"], params["skip_prompts"], params["max_new_tokens"],
                              params["data_dir"])
     bench = run_bench(requests, specs, session, session.encode,
-                      SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"])
+                      SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"],
+                      after_warmup=session.round_parts_ms)  # the warm-up's rounds are not tallied
     report = build_report(bench, dataset, [r.output_tokens for r in requests], session.engine,
                           {**settings, "temperature": params["temperature"], "seed": params["seed"],
                            "methods": [s.label for s in specs], "num_prompts": len(requests),
                            "skip_prompts": params["skip_prompts"], "max_new_tokens": params["max_new_tokens"]})
+    if session.round_parts is not None:
+        report["round_parts_ms"] = session.round_parts_ms()
     return report, bench
 
 
@@ -114,11 +117,3 @@ def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     """click kwargs -> (run options, engine options for `runtime.options.engine_options`)."""
     return ({k: v for k, v in kwargs.items() if k in RUN_KEYS},
             {k: v for k, v in kwargs.items() if k not in RUN_KEYS})
-
-
-def load_session(engine: dict[str, Any], params: dict[str, Any], relaxed: bool = False):
-    """The one engine the servers run, behind the harness's `decode` callable (`perf.session`)."""
-    from perf.session import load_session as load
-    from runtime.options import engine_options
-
-    return load(engine_options(**engine), not params["stop_at_eos"], not params["no_chat"], relaxed)

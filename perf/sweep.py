@@ -15,8 +15,9 @@ import click
 
 from perf.datasets import DatasetError
 from perf.harness import MethodSpec
-from perf.run import (command_line, domain_label, domains, load_session, run_domain, run_options, split_options,
+from perf.run import (command_line, domain_label, domains, run_domain, run_options, split_options,
                       write_outputs)
+from perf.session import load_session
 from runtime.options import model_options, spec_options
 
 
