@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import platform
-import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,9 +31,8 @@ import torch
 from tqdm import tqdm
 
 from perf.plots import plt, save_figure
-from runtime.device import cpu_model
 from runtime.engine.backend import TorchTarget
-from runtime.engine.latency_probe import LatencyProbe, probe_tree, random_prompt
+from runtime.engine.latency_probe import LatencyProbe, Stats, probe_tree, random_prompt
 from runtime.model.llama import LlamaTarget
 
 BACKENDS = ("torch-fp32", "torch-bf16", "ort-fp32")
@@ -56,20 +52,20 @@ class Column:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers depend on: CPU model, cores, ISA flags, library versions."""
+    """What the numbers depend on: `perf.report.machine_info`, the CPU's ISA flags, onnxruntime's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from perf.report import machine_info
+
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "isa": [f for f in ISA_FLAGS if f in flags.split()],
-            "platform": platform.platform(), "torch": torch.__version__}
     try:
-        import onnxruntime
-
-        info["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        info["onnxruntime"] = None
-    return info
+        ort = version("onnxruntime")
+    except PackageNotFoundError:
+        ort = None
+    return {**machine_info(), "isa": [f for f in ISA_FLAGS if f in flags.split()], "onnxruntime": ort}
 
 
 def make_backends(model: LlamaTarget, columns: Sequence[Column], cache_dir: str | Path | None) -> dict[str, Any]:
@@ -130,9 +126,7 @@ def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = W
 
 def summarize(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
     """label -> n -> {median, p10, p90} ms."""
-    return {label: {str(n): {"median": round(statistics.median(v), 2), "p10": round(float(np.percentile(v, 10)), 2),
-                             "p90": round(float(np.percentile(v, 90)), 2)} for n, v in by_n.items()}
-            for label, by_n in samples.items()}
+    return {label: {str(n): asdict(Stats.of(v)) for n, v in by_n.items()} for label, by_n in samples.items()}
 
 
 def markdown_table(stats: dict[str, dict[str, dict[str, float]]], columns: Sequence[Column],
@@ -170,23 +164,20 @@ def plot(stats: dict[str, dict[str, dict[str, float]]], out: str | Path, title: 
 def write_report(samples: dict[str, dict[int, list[float]]], columns: Sequence[Column], out: str | Path,
                  meta: dict[str, Any]) -> dict[str, Any]:
     """<out>.json, <out>.md, <out>.png; returns the JSON report."""
-    out = Path(out)
-    stats = summarize(samples)
-    table = (markdown_table(stats, columns) + f"\nFastest decile (p10 ms; load spikes removed):\n\n"
-             + markdown_table(stats, columns, "p10"))
-    report = {"benchmark": "target verify latency by backend (perf/bench_backends.py)", **meta,
-              "machine": machine(), "ms": stats, "samples_ms": {k: {str(n): [round(x, 2) for x in v]
-                                                                     for n, v in by_n.items()}
-                                                                 for k, by_n in samples.items()}}
+    out, stats, m = Path(out), summarize(samples), machine()
+    report = {"benchmark": "target verify latency by backend (perf/bench_backends.py)", **meta, "machine": m,
+              "ms": stats, "samples_ms": {k: {str(n): [round(x, 2) for x in v] for n, v in by_n.items()}
+                                          for k, by_n in samples.items()}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    m = report["machine"]
-    header = (f"# Verify latency by backend\n\n{meta.get('target', 'target')}, prefix P = {meta['prefix']}, "
-              f"B = 1, median of {meta['repeats']} interleaved passes, ms. Machine: {m['cpu']}, {m['cores']} cores, "
-              f"ISA {', '.join(m['isa']) or 'baseline'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}.\n"
-              f"{meta.get('note', '')}\n\n")
-    out.with_suffix(".md").write_text(header + table)
-    plot(stats, out.with_suffix(".png"), f"{meta.get('target', 'target')}: verify ms at P = {meta['prefix']}")
+    target = meta.get("target", "target")
+    out.with_suffix(".md").write_text(
+        f"# Verify latency by backend\n\n{target}, prefix P = {meta['prefix']}, B = 1, median of {meta['repeats']} "
+        f"interleaved passes, ms. Machine: {m['cpu_model']}, {m['cpu_count']} cores, ISA "
+        f"{', '.join(m['isa']) or 'baseline'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}.\n"
+        f"{meta.get('note', '')}\n\n{markdown_table(stats, columns)}\nFastest decile (p10 ms; load spikes "
+        f"removed):\n\n{markdown_table(stats, columns, 'p10')}")
+    plot(stats, out.with_suffix(".png"), f"{target}: verify ms at P = {meta['prefix']}")
     return report
 
 

@@ -31,7 +31,7 @@ class DecodeSession:
     peers: Any = None  # perf.peers.PeerProcess, started on first use
     peer_threads: int = 1  # torch threads of the peers' process
     round_parts: dict[str, dict[str, float]] | None = None  # label -> part -> s (and "round", "rounds")
-    _tally: dict[str, float] = field(default_factory=dict)  # the running method's (None: nothing tallied)
+    _tally: dict[str, float] = field(default_factory=dict)  # the running method's, under round_parts
 
     @property
     def engine(self) -> dict[str, Any]:
