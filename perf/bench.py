@@ -8,6 +8,7 @@ defaults unless flags say otherwise), with outside peers as rows of the same run
     python -m perf.bench sweep --dataset gsm8k,mt_bench --budgets 1,3,7,15,31,63 --out sweep
     python -m perf.bench throughput --via openai ...   # the same, through `serve --api openai`
     python -m perf.bench tree --budget 127   # tree construction vs a heapq reference (perf.bench_tree)
+    python -m perf.bench backends            # one verify pass per backend x threads (perf.bench_backends)
 
 (`cast-trtllm bench latency|throughput|sweep` is the same command.) `latency` decodes one
 request at a time (B = 1), every method interleaved per prompt with the order rotated
@@ -195,11 +196,12 @@ def _finish(report: dict, page: str, params: dict) -> None:
 
 
 def _register() -> None:
+    from perf.bench_backends import backends
     from perf.bench_tree import tree
     from perf.sweep import sweep
 
-    bench.add_command(sweep)
-    bench.add_command(tree)
+    for command in (sweep, tree, backends):
+        bench.add_command(command)
 
 
 _register()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -140,7 +139,7 @@ def tree(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int,
     """Tree construction against a heapq best-first reference (same node sets, then timed); JSON."""
     import torch
 
-    from runtime.device import cpu_model
+    from perf.report import machine_info
 
     cores, threads = getattr(os, "sched_getaffinity", lambda _: None)(0), torch.get_num_threads()
     core = None if cores is None else min(cores)
@@ -155,10 +154,7 @@ def tree(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int,
             os.sched_setaffinity(0, cores)
     report = {"benchmark": "cast_trtllm.tree vs heapq best-first (paper App. C)",
               "marginals": f"synthetic peaked DFlash-like (perf/bench_tree.py), seed {seed}", "repeats": repeats,
-              "pinned_core": core, "machine": {"platform": platform.platform(), "cpu_model": cpu_model(),
-                                               "cpus": os.cpu_count(), "python": platform.python_version(),
-                                               "numpy": np.__version__},
-              "results": results}
+              "pinned_core": core, "machine": {**machine_info(), "numpy": np.__version__}, "results": results}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
     for name, r in results.items():

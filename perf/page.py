@@ -115,7 +115,8 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
                       for m, p in rep["round_parts_ms"].items()]
         for r in rep.get("relaxed", []):
             lines += ["", f"LOSSY {r['label']}: R {r['mean_R']:.2f} (lossless {r['lossless_mean_R']:.2f}), "
-                      f"per-step TV {r['mean_step_tv']:.4f}, response length {100 * r['response_length_change']:+.1f}%, "
+                      f"per-step TV {r['mean_step_tv']:.4f}, "
+                      f"response length {100 * r['response_length_change']:+.1f}%, "
                       f"Eq. 4 proxy {r['eq4_speedup_proxy']:.2f}x (lossless {r['lossless_eq4_speedup_proxy']:.2f}x)"]
         hist = _plot_path(out, f"_R_{name}")
         if hist is not None and rep.get("accept_lengths"):

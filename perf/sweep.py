@@ -54,10 +54,10 @@ def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
         cells = []
         for key in ("", "ungated_"):
             width, share = s.get(f"{key}predicted_width"), s.get(f"{key}drafted_share")
-            head = "-" if width is None else f"{width:.1f}" + ("" if key or share is None else f" ({pct(share, '.0f')}%)")
-            gap = s.get(f"{key}gap_pp")
-            cells += [head, pct(s.get(f"{key}predicted_gain")) + ("%" if s.get(f"{key}predicted_gain") is not None else ""),
-                      "-" if gap is None else f"{gap:+.1f}"]
+            head = "-" if width is None else f"{width:.1f}"
+            head += "" if width is None or key or share is None else f" ({pct(share, '.0f')}%)"
+            gap, gain = s.get(f"{key}gap_pp"), s.get(f"{key}predicted_gain")
+            cells += [head, pct(gain) + ("%" if gain is not None else ""), "-" if gap is None else f"{gap:+.1f}"]
         lines.append(f"| {domain} | " + " | ".join(cells) + f" | {s['oracle_width']} ({pct(s['oracle_gain'])}%) "
                      f"| {pct(s['gain_at_widest'])}% |")
     return "\n".join(lines)
@@ -116,7 +116,8 @@ def ceiling_table(rows: list[dict[str, Any]]) -> str:
             return f"{sum(values) / len(values):.2f}x" if values else "-"
 
         lines.append(f"| **mean** | | | | {mean([r['ceiling_draft_and_host_free'] for r in rows])} "
-                     f"| {mean([r['ceiling_draft_free'] for r in rows])} | {mean([r['measured_auto'] for r in rows])} |")
+                     f"| {mean([r['ceiling_draft_free'] for r in rows])} "
+                     f"| {mean([r['measured_auto'] for r in rows])} |")
     return "\n".join(lines)
 
 
