@@ -21,7 +21,6 @@ page) with plots beside them. `--dataset` takes named sets or `prepare-dataset` 
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 
@@ -30,7 +29,7 @@ import click
 from perf.datasets import DatasetError
 from perf.harness import MethodSpec, parse_methods
 from perf.peers import PEERS, PeerUnavailable
-from perf.run import (command_line, domain_label, domains, run_domain, run_options, split_options,
+from perf.run import (command_line, domain_label, domains, finish, run_domain, run_options, split_options,
                       write_outputs)
 from perf.session import load_session
 from runtime.options import model_options, spec_options
@@ -116,7 +115,7 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: 
     finally:
         if session is not None and session.peers is not None:
             session.peers.close()
-    _finish(report, latency_page(report, params["out"]), params)
+    finish(report, latency_page(report, params["out"]), params)
 
 
 @bench.command()
@@ -178,21 +177,7 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, **k
               "engine": described, "methods": [s.label for s in specs], "concurrency": levels,
               "settings": {k: v for k, v in params.items() if k not in ("as_json", "no_progress")},
               "domains": cells}
-    _finish(report, throughput_page(report, params["out"]), params)
-
-
-def _finish(report: dict, page: str, params: dict) -> None:
-    paths = write_outputs(params["out"], report, page)
-    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
-    if paths:
-        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
-    differs = [f"{d}: {r['method']}" for d, rep in report["domains"].items()
-               for r in (rep["summary"] if isinstance(rep, dict) else rep)
-               if r.get("lossless", True) and r.get("equal_to_ar") is not None
-               and r["equal_to_ar"] != r["requests"]]
-    if differs:
-        click.echo(f"[perf.bench] lossless methods whose greedy output differs from AR: {', '.join(differs)}",
-                   err=True)
+    finish(report, throughput_page(report, params["out"]), params)
 
 
 def _register() -> None:

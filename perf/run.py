@@ -117,3 +117,18 @@ def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     """click kwargs -> (run options, engine options for `runtime.options.engine_options`)."""
     return ({k: v for k, v in kwargs.items() if k in RUN_KEYS},
             {k: v for k, v in kwargs.items() if k not in RUN_KEYS})
+
+
+def finish(report: dict, page: str, params: dict) -> None:
+    """Write OUT.json + OUT.md, print the page (or the JSON), and name any lossless method that differs from AR."""
+    paths = write_outputs(params["out"], report, page)
+    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
+    if paths:
+        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
+    differs = [f"{d}: {r['method']}" for d, rep in report["domains"].items()
+               for r in (rep["summary"] if isinstance(rep, dict) else rep)
+               if r.get("lossless", True) and r.get("equal_to_ar") is not None
+               and r["equal_to_ar"] != r["requests"]]
+    if differs:
+        click.echo(f"[perf.bench] lossless methods whose greedy output differs from AR: {', '.join(differs)}",
+                   err=True)

@@ -8,15 +8,13 @@ ceiling the verify pass leaves on this machine (`ceiling_rows`).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 import click
 
 from perf.datasets import DatasetError
 from perf.harness import MethodSpec
-from perf.run import (command_line, domain_label, domains, run_domain, run_options, split_options,
-                      write_outputs)
+from perf.run import command_line, domain_label, domains, finish, run_domain, run_options, split_options
 from perf.session import load_session
 from runtime.options import model_options, spec_options
 
@@ -149,8 +147,4 @@ def sweep(ctx: click.Context, budgets: str, no_auto: bool, no_ar: bool, no_ungat
     report: dict[str, Any] = {"mode": "sweep", "command": command_line(ctx),
                               "sweep": {name: sweep_table(r["summary"], ns) for name, r in reports.items()},
                               "domains": reports}
-    page = sweep_page(report, params["out"])
-    paths = write_outputs(params["out"], report, page)
-    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
-    if paths:
-        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
+    finish(report, sweep_page(report, params["out"]), params)
