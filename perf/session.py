@@ -86,7 +86,7 @@ class DecodeSession:
     def time_round_parts(self) -> None:
         """From now on tally each part of every decode round by method (wrappers set on the engine instance)."""
         engine, self.round_parts = self.built.engine, {}
-        parts = {"feature cache": (engine.drafter, "append_context"), "draft": (engine, "_draft"),
+        parts = {"feature cache": (engine, "_append_contexts"), "draft": (engine, "_draft"),
                  "trees (host)": (engine, "_trees"), "verify": (engine.target, "verify_trees"),
                  "commit (host)": (engine, "_commit"), "round": (engine, "step")}
         decoding = [False]
@@ -105,8 +105,7 @@ class DecodeSession:
             return call
 
         for part, (obj, name) in parts.items():
-            if obj is not None:
-                setattr(obj, name, timed(part, getattr(obj, name)))
+            setattr(obj, name, timed(part, getattr(obj, name)))
 
     def round_parts_ms(self) -> dict[str, dict[str, float]]:
         """ms per decode round of each part and of the whole round, per method (then the tally restarts)."""

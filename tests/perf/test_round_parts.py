@@ -16,7 +16,7 @@ def test_parts_of_real_decode_rounds_add_up_within_the_round_per_method():
     parts = session.round_parts_ms()
     cast = parts["cast:3"]
     assert cast["rounds"] == sum(r.result.num_rounds for r in bench.runs["cast:3"])  # the warm-up is not tallied
-    assert all(cast[k] > 0 for k in ("draft", "trees (host)", "verify", "commit (host)"))
+    assert all(cast[k] > 0 for k in ("feature cache", "draft", "trees (host)", "verify", "commit (host)"))
     assert sum(v for k, v in cast.items() if k not in ("round", "rounds")) <= cast["round"] * 1.01
     assert "draft" not in parts["ar"] and parts["ar"]["verify"] > 0
     assert session.round_parts_ms() == {}  # read once: the tally restarts
