@@ -6,6 +6,9 @@ defaults unless flags say otherwise), with outside peers as rows of the same run
     python -m perf.bench throughput --dataset gsm8k --num-prompts 16 --max-new-tokens 32 \
         --concurrency 1,4,16,32 --methods ar,chain,cast:3,cast:auto --out perf/results/throughput_cpu
     python -m perf.bench sweep --dataset gsm8k,mt_bench --budgets 1,3,7,15,31,63 --out sweep
+    python -m perf.bench throughput --via openai ...   # the same, through `serve --api openai`
+    python -m perf.bench tree --budget 127   # tree construction vs a heapq reference (perf.bench_tree)
+    python -m perf.bench backends            # one verify pass per backend x threads (perf.bench_backends)
 
 (`cast-trtllm bench latency|throughput|sweep` is the same command.) `latency` decodes one
 request at a time (B = 1), every method interleaved per prompt with the order rotated
@@ -18,7 +21,7 @@ page) with plots beside them. `--dataset` takes named sets or `prepare-dataset` 
 
 from __future__ import annotations
 
-import json
+import shlex
 import sys
 
 import click
@@ -26,8 +29,9 @@ import click
 from perf.datasets import DatasetError
 from perf.harness import MethodSpec, parse_methods
 from perf.peers import PEERS, PeerUnavailable
-from perf.run import (command_line, domain_label, domains, load_session, run_domain, run_options, split_options,
+from perf.run import (command_line, domain_label, domains, finish, run_domain, run_options, split_options,
                       write_outputs)
+from perf.session import load_session
 from runtime.options import model_options, spec_options
 
 PEER_HELP = "Peers run greedy at B = 1: hf (transformers generate, fp32), dflash (z-lab reference chain)."
@@ -59,6 +63,9 @@ def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[li
               help="Comma list of ar, chain, cast[:N|auto|auto-ungated], and peers hf, dflash. " + PEER_HELP)
 @click.option("--relaxed", default=None, metavar="NAME:ALPHA",
               help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
+@click.option("--round-parts", is_flag=True,
+              help="Also time the parts of the engine's decode rounds in place (feature cache, draft, trees, "
+                   "verify, commit), ms per round per method.")
 @click.option("--peer-threads", type=click.IntRange(1), default=1, show_default=True,
               help="torch threads of the peers' process. 1: on a shared 2-core CPU torch at 2 threads ran them "
                    "4-15x slower under others' load (perf/peers.py).")
@@ -66,7 +73,8 @@ def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[li
 @model_options
 @spec_options
 @click.pass_context
-def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads: int, **kwargs) -> None:
+def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: bool, peer_threads: int,
+            **kwargs) -> None:
     """Decode ms/token, speedup over AR, R, TTFT and time split per method, one request at a time."""
     from perf.page import latency_page
 
@@ -74,6 +82,8 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads:
     session = None
     try:
         specs, rule = parse_methods(methods), None
+        if any(s.method == "best-first" for s in specs):
+            raise ValueError("--methods: best-first:W shares a budget over a batch: run it in throughput mode")
         if relaxed is not None:
             from perf.relaxed_eval import parse_relaxed
 
@@ -83,6 +93,8 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads:
             specs += [MethodSpec(s.method, s.budget, rule) for s in specs if s.method in ("chain", "cast")]
         session = load_session(engine, params, relaxed=rule is not None)
         session.peer_threads = peer_threads
+        if round_parts:
+            session.time_round_parts()
         specs, gaps = check_peers(session, specs, session.encode("Hello"))
         peers = {} if session.peers is None else session.peers.describe()
         report = {"mode": "latency", "command": command_line(ctx), "peers": {s.method: peers[s.method] for s in specs
@@ -103,25 +115,30 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, peer_threads:
     finally:
         if session is not None and session.peers is not None:
             session.peers.close()
-    _finish(report, latency_page(report, params["out"]), params)
+    finish(report, latency_page(report, params["out"]), params)
 
 
 @bench.command()
 @click.option("--methods", default="ar,chain,cast:3,cast:15,cast:auto", show_default=True,
-              help="Comma list of ar, chain, cast[:N|auto|auto-ungated] (ar first: ratios are to it).")
+              help="Comma list of ar, chain, cast[:N|auto|auto-ungated], best-first:W (App. F: W x B nodes shared "
+                   "by best-first mass; in process only). ar first: ratios are to it.")
 @click.option("--concurrency", default="1,4,16,32", show_default=True, help="Comma list of live-request limits.")
+@click.option("--via", type=click.Choice(["engine", "openai"]), default="engine", show_default=True,
+              help="engine: in process; openai: start `cast-trtllm serve --api openai` with the engine flags and "
+                   "drive it with the openai client (TTFT, ITL, latency percentiles, lost requests).")
 @run_options
 @model_options
 @spec_options
 @click.pass_context
-def throughput(ctx: click.Context, methods: str, concurrency: str, **kwargs) -> None:
+def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, **kwargs) -> None:
     """Tokens/s of each method at each concurrency (continuous batching), greedy, EOS ignored."""
+    from perf import throughput as tp
     from perf.page import throughput_page
     from perf.report import machine_info
-    from perf.run import load_requests
-    from perf.throughput import run
+    from perf.run import load_requests, option_words
 
     params, engine = split_options(kwargs)
+    server = None
     try:
         levels = [int(c) for c in concurrency.split(",")]
         if not levels or min(levels) < 1:
@@ -131,45 +148,48 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, **kwargs) -> 
             raise ValueError("--methods: list ar first (every ratio is to it); peers run in latency mode only")
         if params["temperature"] or params["stop_at_eos"]:
             raise ValueError("throughput runs greedy with EOS ignored: drop --temperature / --stop-at-eos")
-        session = load_session(engine, params)
-        cells = {}
-        for name in domains(params["dataset"]):
-            requests = load_requests(name, params["num_prompts"], params["skip_prompts"],
-                                     params["max_new_tokens"], params["data_dir"])
-            prompts = [list(r.input_ids) if r.input_ids is not None else session.encode(r.prompt) for r in requests]
-            max_new = params["max_new_tokens"] or requests[0].output_tokens
-            cells[domain_label(name)] = run(session.built.engine, prompts, max_new, specs, levels,
-                                            not params["no_progress"])
+        pools = {domain_label(name): load_requests(name, params["num_prompts"], params["skip_prompts"],
+                                                   params["max_new_tokens"], params["data_dir"])
+                 for name in domains(params["dataset"])}
+        max_new = {d: params["max_new_tokens"] or rs[0].output_tokens for d, rs in pools.items()}
+        if via == "openai":
+            for spec in specs:  # a method the server cannot run is refused before it starts
+                tp.cast_options(spec)
+            flags = option_words(ctx, engine)
+            server, client = tp.start_server(flags, max(levels), 4 * max(map(len, pools.values())),
+                                             max(max_new.values()))
+            described = {"api": "openai", "server": "cast-trtllm serve --api openai " + shlex.join(flags)}
+            cells = {d: tp.run_openai(client, [r.prompt or r.input_ids for r in rs], max_new[d], specs, levels,
+                                      not params["no_chat"], not params["no_progress"]) for d, rs in pools.items()}
+        else:
+            session = load_session(engine, params)
+            described, cells = session.engine, {}
+            for d, rs in pools.items():
+                prompts = [list(r.input_ids) if r.input_ids is not None else session.encode(r.prompt) for r in rs]
+                cells[d] = tp.run(session.built.engine, prompts, max_new[d], specs, levels, not params["no_progress"])
     except (ValueError, DatasetError) as err:
         raise _fail(err) from None
-    report = {"mode": "throughput", "command": command_line(ctx), "machine": machine_info(),
-              "engine": session.engine, "methods": [s.label for s in specs], "concurrency": levels,
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+    report = {"mode": "throughput", "via": via, "command": command_line(ctx), "machine": machine_info(),
+              "engine": described, "methods": [s.label for s in specs], "concurrency": levels,
               "settings": {k: v for k, v in params.items() if k not in ("as_json", "no_progress")},
               "domains": cells}
-    _finish(report, throughput_page(report, params["out"]), params)
+    finish(report, throughput_page(report, params["out"]), params)
 
 
-def _finish(report: dict, page: str, params: dict) -> None:
-    paths = write_outputs(params["out"], report, page)
-    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
-    if paths:
-        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
-    differs = [f"{d}: {r['method']}" for d, rep in report["domains"].items()
-               for r in (rep["summary"] if isinstance(rep, dict) else rep)
-               if r.get("lossless", True) and r.get("equal_to_ar") is not None
-               and r["equal_to_ar"] != r["requests"]]
-    if differs:
-        click.echo(f"[perf.bench] lossless methods whose greedy output differs from AR: {', '.join(differs)}",
-                   err=True)
-
-
-def _register_sweep() -> None:
+def _register() -> None:
+    from perf.bench_backends import backends
+    from perf.bench_tree import tree
     from perf.sweep import sweep
 
-    bench.add_command(sweep)
+    for command in (sweep, tree, backends):
+        bench.add_command(command)
 
 
-_register_sweep()
+_register()
 
 if __name__ == "__main__":
     sys.exit(bench())

@@ -1,7 +1,7 @@
 """Verify latency by target backend: torch fp32, torch bf16 and onnxruntime fp32
 (`runtime.backends.ort_target.OrtTarget`), at 1 and 2 threads, by packed count n.
 
-    python -m perf.bench_backends [--prefix 256] [--widths 1,2,4,8,16,32,64] [--threads 1,2]
+    python -m perf.bench backends [--prefix 256] [--widths 1,2,4,8,16,32,64] [--threads 1,2]
                                   [--out perf/results/backends_cpu]
 
 Protocol (`runtime.engine.latency_probe`, the engine's own pass): prefill P random tokens
@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import platform
-import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,9 +31,9 @@ import torch
 from tqdm import tqdm
 
 from perf.plots import plt, save_figure
-from runtime.device import cpu_model
+from perf.run import write_outputs
 from runtime.engine.backend import TorchTarget
-from runtime.engine.latency_probe import LatencyProbe, probe_tree, random_prompt
+from runtime.engine.latency_probe import LatencyProbe, Stats, probe_tree, random_prompt
 from runtime.model.llama import LlamaTarget
 
 BACKENDS = ("torch-fp32", "torch-bf16", "ort-fp32")
@@ -56,20 +53,20 @@ class Column:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers depend on: CPU model, cores, ISA flags, library versions."""
+    """What the numbers depend on: `perf.report.machine_info`, the CPU's ISA flags, onnxruntime's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from perf.report import machine_info
+
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "isa": [f for f in ISA_FLAGS if f in flags.split()],
-            "platform": platform.platform(), "torch": torch.__version__}
     try:
-        import onnxruntime
-
-        info["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        info["onnxruntime"] = None
-    return info
+        ort = version("onnxruntime")
+    except PackageNotFoundError:
+        ort = None
+    return {**machine_info(), "isa": [f for f in ISA_FLAGS if f in flags.split()], "onnxruntime": ort}
 
 
 def make_backends(model: LlamaTarget, columns: Sequence[Column], cache_dir: str | Path | None) -> dict[str, Any]:
@@ -130,9 +127,7 @@ def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = W
 
 def summarize(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
     """label -> n -> {median, p10, p90} ms."""
-    return {label: {str(n): {"median": round(statistics.median(v), 2), "p10": round(float(np.percentile(v, 10)), 2),
-                             "p90": round(float(np.percentile(v, 90)), 2)} for n, v in by_n.items()}
-            for label, by_n in samples.items()}
+    return {label: {str(n): asdict(Stats.of(v)) for n, v in by_n.items()} for label, by_n in samples.items()}
 
 
 def markdown_table(stats: dict[str, dict[str, dict[str, float]]], columns: Sequence[Column],
@@ -170,23 +165,17 @@ def plot(stats: dict[str, dict[str, dict[str, float]]], out: str | Path, title: 
 def write_report(samples: dict[str, dict[int, list[float]]], columns: Sequence[Column], out: str | Path,
                  meta: dict[str, Any]) -> dict[str, Any]:
     """<out>.json, <out>.md, <out>.png; returns the JSON report."""
-    out = Path(out)
-    stats = summarize(samples)
-    table = (markdown_table(stats, columns) + f"\nFastest decile (p10 ms; load spikes removed):\n\n"
-             + markdown_table(stats, columns, "p10"))
-    report = {"benchmark": "target verify latency by backend (perf/bench_backends.py)", **meta,
-              "machine": machine(), "ms": stats, "samples_ms": {k: {str(n): [round(x, 2) for x in v]
-                                                                     for n, v in by_n.items()}
-                                                                 for k, by_n in samples.items()}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    m = report["machine"]
-    header = (f"# Verify latency by backend\n\n{meta.get('target', 'target')}, prefix P = {meta['prefix']}, "
-              f"B = 1, median of {meta['repeats']} interleaved passes, ms. Machine: {m['cpu']}, {m['cores']} cores, "
-              f"ISA {', '.join(m['isa']) or 'baseline'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}.\n"
-              f"{meta.get('note', '')}\n\n")
-    out.with_suffix(".md").write_text(header + table)
-    plot(stats, out.with_suffix(".png"), f"{meta.get('target', 'target')}: verify ms at P = {meta['prefix']}")
+    stats, m, target = summarize(samples), machine(), meta.get("target", "target")
+    report = {"benchmark": "target verify latency by backend (perf/bench_backends.py)", **meta, "machine": m,
+              "ms": stats, "samples_ms": {k: {str(n): [round(x, 2) for x in v] for n, v in by_n.items()}
+                                          for k, by_n in samples.items()}}
+    page = (f"# Verify latency by backend\n\n{target}, prefix P = {meta['prefix']}, B = 1, median of "
+            f"{meta['repeats']} interleaved passes, ms. Machine: {m['cpu_model']}, {m['cpu_count']} cores, ISA "
+            f"{', '.join(m['isa']) or 'baseline'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}.\n"
+            f"{meta.get('note', '')}\n\n{markdown_table(stats, columns)}\nFastest decile (p10 ms; load spikes "
+            f"removed):\n\n{markdown_table(stats, columns, 'p10')}")
+    write_outputs(str(out), report, page)
+    plot(stats, Path(out).with_suffix(".png"), f"{target}: verify ms at P = {meta['prefix']}")
     return report
 
 
@@ -197,7 +186,8 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.command()
 @click.option("--target", default="embedded", show_default=True, help="--target of the one loader (fp32).")
 @click.option("--prefix", type=int, default=256, show_default=True, help="Committed prefix P of the KV cache.")
-@click.option("--widths", default=",".join(map(str, WIDTHS)), show_default=True, help="Packed counts n, comma-separated.")
+@click.option("--widths", default=",".join(map(str, WIDTHS)), show_default=True,
+              help="Packed counts n, comma-separated.")
 @click.option("--threads", default="1,2", show_default=True, help="Thread counts, comma-separated.")
 @click.option("--backends", default=",".join(BACKENDS), show_default=True, help="Backends, comma-separated.")
 @click.option("--repeats", type=int, default=7, show_default=True, help="Timed passes per cell (median reported).")
@@ -207,7 +197,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--note", default="", help="A line for the report (e.g. what else loaded the machine).")
 @click.option("--out", default="perf/results/backends_cpu", show_default=True, help="Output stem: .json, .md, .png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
-def main(target: str, prefix: int, widths: str, threads: str, backends: str, repeats: int, warmup: int,
+def backends(target: str, prefix: int, widths: str, threads: str, backends: str, repeats: int, warmup: int,
          cache_dir: str | None, note: str, out: str, as_json: bool) -> None:
     """Time one verify pass per backend x threads x packed count; write JSON, markdown and PNG."""
     from runtime.loader import load_models
@@ -219,7 +209,3 @@ def main(target: str, prefix: int, widths: str, threads: str, backends: str, rep
             "note": note}
     report = write_report(samples, columns, out, meta)
     click.echo(json.dumps(report, indent=2) if as_json else Path(out).with_suffix(".md").read_text())
-
-
-if __name__ == "__main__":
-    main()

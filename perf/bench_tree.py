@@ -1,27 +1,17 @@
-"""Tree-construction speed: `build_tree` / `allocate_shared_budget` vs a plain heapq best-first,
-and the host work of one round (tree, masses, mask, walk) at several widths.
+"""`python -m perf.bench tree`: tree-construction speed, `build_tree` / `allocate_shared_budget`
+against a plain heapq best-first (paper App. C written the obvious way).
 
-The reference is the paper's App. C algorithm written the obvious way: a max-heap on the
-path score, seeded with the root's top-K children; each pop emits a node and pushes its K
-children at the next depth (zero-mass children are never pushed); stop after N pops. Ties
-follow Theorem 1's order (shorter prefix first, then lexicographic in rank), the same
-order `cast_trtllm.tree` uses, so both must return the same node set; the run checks that
-before timing.
+The reference is a max-heap on the path score, seeded with the root's top-K children; each
+pop emits a node and pushes its K children at the next depth (zero-mass children are never
+pushed); stop after N pops. Ties follow Theorem 1's order (shorter prefix first, then
+lexicographic in rank), as `cast_trtllm.tree` does, so both must return the same node set;
+the run checks that before timing. The process is pinned to one core, torch to one thread.
+(A round's whole host work on a real engine is timed by `cast-trtllm probe`.)
 
-Host round: what the runtime does on the host around one B = 1 verify pass at budget N:
-`sorted_prefix_masses` (up to the widest budget, as `auto` asks), `build_tree`, the
-additive mask over a 512-token prefix, and `greedy_walk` against a target that agrees
-with the top-1 chain; each part and the total, and the total from one search
-(`build_tree` at the widest budget, masses from its scores, `Tree.head(N)`). Compare it
-with the round's verify time. The process is pinned to one core and torch to one thread.
-
-Drafter marginals are synthetic but shaped like a DFlash head's (paper Fig. 4c: peaked
-top-1, falling with depth): at block position j the top-1 probability is drawn from
-Beta(8 m_j, 8 (1 - m_j)) with m_j = 0.85 * 0.92^(j-1); the remaining mass is spread over
-the rest of a 49,152-token vocabulary by a Zipf(1.1) law; the top-K of that marginal are
-kept. Seeded (numpy default_rng(0)).
-
-    python -m perf.bench_tree [--out perf/results/tree_bench.json]
+Drafter marginals are synthetic but shaped like a DFlash head's (paper Fig. 4c): at block
+position j the top-1 probability is drawn from Beta(8 m_j, 8 (1 - m_j)) with
+m_j = 0.85 * 0.92^(j-1); the rest of the mass is spread over a 49,152-token vocabulary by a
+Zipf(1.1) law; the top-K are kept. Seeded (numpy default_rng).
 
 Requirement (issue 23): build_tree at N = 127, K = 8, L = 15 runs >= 5x the heapq reference;
 the report's `build_tree.meets_required_speedup` says whether this run did.
@@ -32,23 +22,17 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import click
 import numpy as np
-import torch
 
-from cast_trtllm.masks import additive_mask
-from cast_trtllm.tree import Tree, allocate_shared_budget, build_tree, sorted_prefix_masses
-from cast_trtllm.verify import Acceptance, greedy_walk
+from cast_trtllm.tree import Tree, allocate_shared_budget, build_tree
 
 VOCAB = 49152  # the embedded target's vocabulary
 REQUIRED_SPEEDUP = 5.0  # build_tree vs heapq at the default shape (issue 23)
-HOST_BUDGETS = (15, 63, 127)
-HOST_PREFIX = 512
 
 
 def synthetic_marginals(L: int, K: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -60,8 +44,7 @@ def synthetic_marginals(L: int, K: int, rng: np.random.Generator) -> tuple[np.nd
     for j in range(L):
         m = 0.85 * 0.92 ** j
         top1 = rng.beta(8 * m, 8 * (1 - m))
-        probs = np.concatenate([[top1], (1 - top1) * zipf])
-        probs = np.sort(probs)[::-1]  # a peaked tail can outrank a weak top-1
+        probs = np.sort(np.concatenate([[top1], (1 - top1) * zipf]))[::-1]  # a peaked tail can outrank a weak top-1
         lp[j] = np.log(probs[:K])
         ids[j] = rng.choice(VOCAB, size=K, replace=False)
     return ids, lp
@@ -104,30 +87,8 @@ def token_paths(tree: Tree) -> set[tuple[int, ...]]:
     return set(paths)
 
 
-def host_round(ids: np.ndarray, lp: np.ndarray, budget: int, prefix_len: int = HOST_PREFIX,
-               limit: int = max(HOST_BUDGETS)) -> Acceptance:
-    """One round's host work at budget N as `auto` does it today (module docstring)."""
-    sorted_prefix_masses(lp, limit)
-    return _mask_and_walk(ids, build_tree(ids, lp, budget), prefix_len)
-
-
-def host_round_one_search(ids: np.ndarray, lp: np.ndarray, budget: int, prefix_len: int = HOST_PREFIX,
-                          limit: int = max(HOST_BUDGETS)) -> Acceptance:
-    """The same round from one search: the widest tree gives the masses, its head(N) the tree."""
-    wide = build_tree(ids, lp, limit)
-    np.exp(wide.score)  # the masses the width rule reads
-    return _mask_and_walk(ids, wide.head(budget), prefix_len)
-
-
-def _mask_and_walk(ids: np.ndarray, tree: Tree, prefix_len: int) -> Acceptance:
-    additive_mask(tree, prefix_len)
-    depth = tree.pack_depth
-    argmax = np.where(depth < len(ids), ids[np.minimum(depth, len(ids) - 1), 0], 0)  # [n] next chain token
-    return greedy_walk(tree, argmax)
-
-
-def median_us(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
+def median_us(fn, repeats: int) -> float:
+    for _ in range(max(3, repeats // 10)):  # warm-up
         fn()
     samples = []
     for _ in range(repeats):
@@ -137,57 +98,16 @@ def median_us(fn, repeats: int, warmup: int) -> float:
     return statistics.median(samples)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (lscpu's "Model name"), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def pin_one_core() -> int | None:
-    """Pin this process to one CPU it may run on; returns the core (None where unsupported)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    core = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
-    return core
-
-
-def host_breakdown(ids: np.ndarray, lp: np.ndarray, repeats: int) -> dict:
-    """Median us of each host part of a B = 1 round at every budget in HOST_BUDGETS."""
-    limit, warmup, out = max(HOST_BUDGETS), max(3, repeats // 10), {}
-    for n in HOST_BUDGETS:
-        tree = build_tree(ids, lp, n)
-        argmax = np.zeros(tree.num_packed, np.int64)
-        parts = {
-            "sorted_prefix_masses": lambda: sorted_prefix_masses(lp, limit),
-            "build_tree": lambda: build_tree(ids, lp, n),
-            "additive_mask": lambda: additive_mask(tree, HOST_PREFIX),
-            "greedy_walk": lambda: greedy_walk(tree, argmax),
-            "total": lambda: host_round(ids, lp, n),
-            "total_one_search": lambda: host_round_one_search(ids, lp, n),
-        }
-        out[str(n)] = {name: round(median_us(fn, repeats, warmup), 1) for name, fn in parts.items()}
-    return {"masses_limit": limit, "prefix_len": HOST_PREFIX, "median_us": out,
-            "one_search": "build_tree(limit) once: masses = exp(score), tree = head(N)"}
-
-
 def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int) -> dict:
+    """Both constructions at one shape each, checked against the reference, then timed against it."""
     rng = np.random.default_rng(seed)
     single = synthetic_marginals(L, K, rng)
     many = [synthetic_marginals(L, K, rng) for _ in range(batch)]
-
-    tree = build_tree(*single, N)
-    if token_paths(tree) != token_paths(heap_best_first([single], N)[0]):
+    if token_paths(build_tree(*single, N)) != token_paths(heap_best_first([single], N)[0]):
         raise AssertionError("build_tree and the heapq reference chose different node sets")
     trees = allocate_shared_budget(many, total)
     if [token_paths(t) for t in trees] != [token_paths(t) for t in heap_best_first(many, total)]:
         raise AssertionError("allocate_shared_budget and the heapq reference chose different node sets")
-
     cases = {
         "build_tree": (lambda: build_tree(*single, N), lambda: heap_best_first([single], N),
                        {"budget_N": N, "rank_cap_K": K, "block_L": L}),
@@ -197,13 +117,11 @@ def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int)
     }
     results = {}
     for name, (ours, reference, shape) in cases.items():
-        ours_us = median_us(ours, repeats, warmup=max(3, repeats // 10))
-        ref_us = median_us(reference, repeats, warmup=max(3, repeats // 10))
+        ours_us, ref_us = median_us(ours, repeats), median_us(reference, repeats)
         results[name] = {**shape, "cast_trtllm_median_us": round(ours_us, 1), "heapq_median_us": round(ref_us, 1),
                          "speedup_vs_heapq": round(ref_us / ours_us, 2), "same_node_set": True}
     results["build_tree"]["required_speedup"] = REQUIRED_SPEEDUP
     results["build_tree"]["meets_required_speedup"] = results["build_tree"]["speedup_vs_heapq"] >= REQUIRED_SPEEDUP
-    results["host_round"] = host_breakdown(*single, repeats)
     return results
 
 
@@ -217,32 +135,30 @@ def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int)
 @click.option("--total", type=int, default=512, show_default=True, help="Shared budget M over the batch.")
 @click.option("--repeats", type=int, default=200, show_default=True, help="Timed calls per case (median reported).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic marginals.")
-def main(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int) -> None:
-    """Time tree construction against a heapq best-first reference; write JSON."""
-    core = pin_one_core()
-    torch.set_num_threads(1)  # one core: a second torch thread would only spin against the first
-    results = run(N, K, L, batch, total, repeats, seed)
-    report = {
-        "benchmark": "cast_trtllm.tree vs heapq best-first (paper App. C)",
-        "marginals": "synthetic peaked DFlash-like (see perf/bench_tree.py docstring), seed %d" % seed,
-        "repeats": repeats,
-        "pinned_core": core,
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_model": cpu_model(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "numpy": np.__version__},
-        "results": results,
-    }
+def tree(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int) -> None:
+    """Tree construction against a heapq best-first reference (same node sets, then timed); JSON."""
+    import torch
+
+    from perf.report import machine_info
+
+    cores, threads = getattr(os, "sched_getaffinity", lambda _: None)(0), torch.get_num_threads()
+    core = None if cores is None else min(cores)
+    try:  # one core, one thread: a second thread would only spin against the first
+        if cores is not None:
+            os.sched_setaffinity(0, {core})
+        torch.set_num_threads(1)
+        results = run(N, K, L, batch, total, repeats, seed)
+    finally:
+        torch.set_num_threads(threads)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+    report = {"benchmark": "cast_trtllm.tree vs heapq best-first (paper App. C)",
+              "marginals": f"synthetic peaked DFlash-like (perf/bench_tree.py), seed {seed}", "repeats": repeats,
+              "pinned_core": core, "machine": {**machine_info(), "numpy": np.__version__}, "results": results}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    for name in ("build_tree", "allocate_shared_budget"):
-        r = results[name]
+    for name, r in results.items():
         click.echo(f"{name:24s} cast_trtllm {r['cast_trtllm_median_us']:9.1f} us   heapq {r['heapq_median_us']:9.1f} us"
                    f"   ratio {r['speedup_vs_heapq']:.2f}x   same node set: {r['same_node_set']}")
     click.echo(f"build_tree >= {REQUIRED_SPEEDUP:.0f}x heapq: {results['build_tree']['meets_required_speedup']}")
-    for n, parts in results["host_round"]["median_us"].items():
-        click.echo(f"host round N={n:>3}: " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()) + " (us)")
     click.echo(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()

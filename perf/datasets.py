@@ -107,12 +107,12 @@ def parse_requests(lines: Iterable[str], source: str = "<dataset>") -> list[Requ
         unknown = sorted(set(row) - {"task_id", "prompt", "input_ids", "output_tokens"})
         if unknown:
             raise DatasetError(f"{source}:{number}: unknown field(s) {unknown}")
-        fields = (row.get("task_id"), row.get("prompt"), row.get("input_ids"), row.get("output_tokens"))
-        problem = _row_problem(*fields)
-        if problem:
-            raise DatasetError(f"{source}:{number}: {problem}")
-        ids = tuple(row["input_ids"]) if row.get("input_ids") is not None else None
-        requests.append(Request(row["task_id"], row["output_tokens"], row.get("prompt"), ids))
+        ids = row.get("input_ids")
+        try:
+            requests.append(Request(row.get("task_id"), row.get("output_tokens"), row.get("prompt"),
+                                    tuple(ids) if isinstance(ids, list) else ids))
+        except DatasetError as err:
+            raise DatasetError(f"{source}:{number}: {err}") from None
     if not requests:
         raise DatasetError(f"{source}: no requests (the file is empty)")
     return requests

@@ -5,19 +5,15 @@ MLP 12288, vocab 151936; bf16) runs through the one engine with a drafter of CON
 acceptance: `OracleDrafter` proposes the target's own greedy continuation, each proposed
 token replaced by a random one with probability `corruption` (so R is set by the rate,
 not by a trained head, which random weights cannot have). Greedy output must equal AR.
-`--shape tiny` runs the same code on a 2-layer model (the CPU test of this script).
-
-    python -m perf.gpu_round_loop --out round_loop.json            # on the GPU (perf/gpu_check.sh)
+Shape `tiny` runs the same code on a 2-layer model (the CPU test, `gpu_check --dry-run`).
+The `round_loop` section of `perf.gpu_check` (perf/gpu_check.sh runs it on the GPU).
 """
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
-import click
 import numpy as np
 import torch
 
@@ -26,13 +22,15 @@ from runtime.engine import LLMEngine, Request
 from runtime.model.layers import Rotary, default_inv_freq
 from runtime.model.llama import LlamaTarget, TargetConfig
 
-SHAPES = {
+SHAPES = {  # the GPU check's target shapes (random weights)
     "qwen3-8b": TargetConfig(vocab_size=151936, hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
-                             head_dim=128, intermediate_size=12288, rms_norm_eps=1e-6, context_window=4096,
+                             head_dim=128, intermediate_size=12288, rms_norm_eps=1e-6, context_window=40960,
                              qk_norm=True, rope_theta=1e6),
     "tiny": TargetConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                          intermediate_size=128, rms_norm_eps=1e-6, context_window=1024, qk_norm=True, rope_theta=1e6),
 }
+SIZES = {"qwen3-8b": {"prompts": 4, "prompt_len": 256, "new_tokens": 64, "corruptions": (0.1, 0.4)},
+         "tiny": {"prompts": 2, "prompt_len": 16, "new_tokens": 12, "corruptions": (0.4,), "block_positions": 7}}
 
 
 def random_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LlamaTarget:
@@ -116,27 +114,3 @@ def run(shape: str, device: torch.device, dtype: torch.dtype, prompts: int, prom
 
 def _median(values: Sequence[float]) -> float:
     return float(np.median(values))
-
-
-@click.command()
-@click.option("--shape", type=click.Choice(sorted(SHAPES)), default="qwen3-8b", show_default=True)
-@click.option("--prompts", type=int, default=4, show_default=True)
-@click.option("--prompt-len", type=int, default=256, show_default=True)
-@click.option("--new-tokens", type=int, default=64, show_default=True)
-@click.option("--corruptions", default="0.1,0.4", show_default=True, help="Drafter corruption rates.")
-@click.option("--out", type=click.Path(dir_okay=False), required=True)
-def main(shape, prompts, prompt_len, new_tokens, corruptions, out) -> None:
-    """AR / chain / CAST@15 / CAST auto on the one engine with a controlled-acceptance drafter."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    report = run(shape, device, dtype, prompts, prompt_len, new_tokens, [float(c) for c in corruptions.split(",")])
-    if device.type == "cuda":
-        report["gpu"] = torch.cuda.get_device_name(device)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    for row in report["rows"]:
-        click.echo(json.dumps(row))
-
-
-if __name__ == "__main__":
-    main()

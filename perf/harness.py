@@ -28,10 +28,11 @@ class MethodSpec:
     plus the draft gate, `cast_trtllm.draft_gate`) or `cast:auto-ungated` (width policy
     only), optionally with a LOSSY relaxed acceptance rule (`cast_trtllm.relaxed.RelaxedRule`);
     or an outside peer on the same target (`perf.peers`): `hf` (transformers `generate`,
-    greedy AR) or `dflash` (z-lab's reference chain decoding with the same drafter head)."""
+    greedy AR) or `dflash` (z-lab's reference chain decoding with the same drafter head);
+    or, in throughput mode, `best-first:W` (one W x B budget shared by best-first mass)."""
 
-    method: str              # ar | chain | cast | hf | dflash
-    budget: int | None = None  # cast: fixed N; None = auto (width profile)
+    method: str              # ar | chain | cast | hf | dflash | best-first
+    budget: int | None = None  # cast: fixed N, None = auto (width profile); best-first: W
     relaxed: Any = None      # RelaxedRule | None
     draft_gate: bool = False  # cast:auto: skip drafting where AR measures faster
 
@@ -41,6 +42,8 @@ class MethodSpec:
 
     @property
     def base_label(self) -> str:
+        if self.method == "best-first":
+            return f"best-first:{self.budget}"
         if self.method != "cast":
             return self.method
         if self.budget is not None:
@@ -55,7 +58,8 @@ class MethodSpec:
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
-    """`ar,chain,cast:15,cast:auto,cast:auto-ungated,hf,dflash` -> specs; bare `cast` means `cast:auto`."""
+    """`ar,chain,cast:15,cast:auto,cast:auto-ungated,hf,dflash,best-first:8` -> specs; bare `cast` means
+    `cast:auto`."""
     specs = []
     for item in (s.strip() for s in text.split(",")):
         name, _, arg = item.partition(":")
@@ -63,11 +67,11 @@ def parse_methods(text: str) -> list[MethodSpec]:
             specs.append(MethodSpec(name))
         elif name == "cast" and arg in ("", "auto", "auto-ungated"):
             specs.append(MethodSpec("cast", draft_gate=arg != "auto-ungated"))
-        elif name == "cast" and arg.isdigit() and int(arg) >= 1:
-            specs.append(MethodSpec("cast", int(arg)))
+        elif name in ("cast", "best-first") and arg.isdigit() and int(arg) >= 1:
+            specs.append(MethodSpec(name, int(arg)))
         else:
             raise ValueError(f"--methods item {item!r}: expected ar, chain, cast, cast:auto, cast:auto-ungated, "
-                             "cast:N (N >= 1), or a peer: hf, dflash")
+                             "cast:N (N >= 1), best-first:W, or a peer: hf, dflash")
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--methods lists a method twice: {labels}")
@@ -105,6 +109,7 @@ def run_bench(
     max_new_tokens: int | None = None,
     warmup: bool = True,
     progress: bool = True,
+    after_warmup: Callable[[], Any] = lambda: None,
 ) -> BenchRun:
     """Decode every request with every method (interleaved per prompt, order rotated) and collect results.
 
@@ -119,6 +124,7 @@ def run_bench(
     if warmup:
         for spec in specs:
             decode(prompts[0], spec, min(WARMUP_TOKENS, budgets[0]), replace(sampling, seed=base_seed))
+        after_warmup()
     out = BenchRun(list(specs), {s.label: [] for s in specs})
     bar = tqdm(total=len(requests) * len(specs), desc="bench", unit="run", disable=not progress)
     for i, (request, ids) in enumerate(zip(requests, prompts)):

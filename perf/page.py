@@ -27,14 +27,15 @@ def _machine(report: dict[str, Any]) -> tuple[dict, dict]:
 
 def _header(title: str, report: dict[str, Any]) -> list[str]:
     machine, engine = _machine(report)
-    return [f"# {title}", "",
-            "Reproduce:", "", "```bash", report["command"], "```", "",
-            f"Machine: {machine.get('cpu_model')}, {machine.get('cpu_count')} cores, {machine.get('torch_threads')} "
-            f"torch thread(s); {machine.get('platform')}; torch {machine.get('torch')}.",
-            f"Engine (`build_engine` defaults unless the command says otherwise): target {engine.get('target')}, "
-            f"drafter `{engine.get('drafter')}`, {engine.get('backend')} {engine.get('dtype')}, "
-            f"{engine.get('threads')} thread(s) ({engine.get('execution')}); `auto` prices trees with: "
-            f"{engine.get('width_profile')}.", ""]
+    lines = [f"# {title}", "", "Reproduce:", "", "```bash", report["command"], "```", "",
+             f"Machine: {machine.get('cpu_model')}, {machine.get('cpu_count')} cores, {machine.get('torch_threads')} "
+             f"torch thread(s); {machine.get('platform')}; torch {machine.get('torch')}."]
+    if "server" in engine:
+        return lines + [f"Server: `{engine['server']}` (`build_engine` defaults unless the flags say otherwise).", ""]
+    return lines + [f"Engine (`build_engine` defaults unless the command says otherwise): target "
+                    f"{engine.get('target')}, drafter `{engine.get('drafter')}`, {engine.get('backend')} "
+                    f"{engine.get('dtype')}, {engine.get('threads')} thread(s) ({engine.get('execution')}); `auto` "
+                    f"prices trees with: {engine.get('width_profile')}.", ""]
 
 
 def speedup_rows(report: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, float | None]]]:
@@ -106,9 +107,16 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
               "split), and requests whose greedy tokens equal AR's (`!`: a lossless method that differs)."]
     for name, rep in report["domains"].items():
         lines += ["", f"## {name}", "", format_table(rep["summary"], markdown=True)]
+        if rep.get("round_parts_ms"):
+            parts = ("feature cache", "draft", "trees (host)", "verify", "commit (host)", "round")
+            lines += ["", "Where a decode round's time goes (`--round-parts`, timed in place), ms per round:", "",
+                      "| method | rounds | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 2)]
+            lines += [f"| {m} | {p['rounds']:.0f} | " + " | ".join(f"{p.get(k, 0.0):.2f}" for k in parts) + " |"
+                      for m, p in rep["round_parts_ms"].items()]
         for r in rep.get("relaxed", []):
             lines += ["", f"LOSSY {r['label']}: R {r['mean_R']:.2f} (lossless {r['lossless_mean_R']:.2f}), "
-                      f"per-step TV {r['mean_step_tv']:.4f}, response length {100 * r['response_length_change']:+.1f}%, "
+                      f"per-step TV {r['mean_step_tv']:.4f}, "
+                      f"response length {100 * r['response_length_change']:+.1f}%, "
                       f"Eq. 4 proxy {r['eq4_speedup_proxy']:.2f}x (lossless {r['lossless_eq4_speedup_proxy']:.2f}x)"]
         hist = _plot_path(out, f"_R_{name}")
         if hist is not None and rep.get("accept_lengths"):
@@ -117,21 +125,32 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+THROUGHPUT_TABLES = {
+    "engine": [("tokens_per_s", "End to end (prefill included), tokens/s"),
+               ("decode_tokens_per_s", "Goodput: tokens after each first one / seconds inside the rounds "
+                                       "(`LLMEngine.step`; prompt chunks ride the rounds), tokens/s"),
+               ("mean_R", "Mean committed round length R"), ("mean_N", "Mean tree size N per request-round")],
+    "openai": [("tokens_per_s", "All requests' tokens / wall seconds, tokens/s"), ("p50_ttft_ms", "TTFT p50, ms"),
+               ("p99_ttft_ms", "TTFT p99, ms"), ("p50_itl_ms", "Inter-token latency p50, ms"),
+               ("p99_latency_ms", "Request latency p99, ms"), ("lost", "Requests lost")],
+}
+
+
 def throughput_page(report: dict[str, Any], out: str | None) -> str:
     """The throughput page; with `out`, OUT.png (tokens/s vs concurrency per method and domain)."""
     from perf.throughput import table
 
+    via = report.get("via", "engine")
     first = next(iter(report["domains"].values()))[0]
-    lines = _header("Throughput over concurrency: one engine, continuous batching", report)
+    lines = _header(f"Throughput over concurrency: one engine, continuous batching"
+                    f"{' behind the OpenAI server' if via == 'openai' else ''}", report)
     lines += [f"{first['requests']} prompts x {first['tokens'] // first['requests']} new tokens per domain, greedy, "
-              "EOS ignored; "
-              "methods run one after another at each concurrency; every output checked against AR alone.", ""]
+              "EOS ignored; methods run one after another at each concurrency; every output checked against AR "
+              "alone.", ""]
     for name, rows in report["domains"].items():
-        lines += [f"## {name}", "", "End to end (prefill included), tokens/s:", "",
-                  table(rows, report["methods"], report["concurrency"]), "",
-                  "Inside the rounds (`LLMEngine.step`; prompt chunks included: prefill runs in the rounds), "
-                  "tokens/s:", "",
-                  table(rows, report["methods"], report["concurrency"], "decode_tokens_per_s"), ""]
+        lines += [f"## {name}", ""]
+        for key, what in THROUGHPUT_TABLES[via]:
+            lines += [f"{what}:", "", table(rows, report["methods"], report["concurrency"], key), ""]
     png = _plot_path(out, "")
     if png is not None:
         from perf.plots import plt, save_figure
@@ -151,13 +170,12 @@ def throughput_page(report: dict[str, Any], out: str | None) -> str:
 
 def sweep_page(report: dict[str, Any], out: str | None) -> str:
     """The width-sweep page (Table 2); with `out`, OUT.png (gain over the chain vs N per domain)."""
-    from perf.ceiling import ceiling_rows, ceiling_table
-    from perf.sweep import format_sweep
+    from perf.sweep import ceiling_rows, ceiling_table, format_sweep
 
     lines = _header("Width sweep: CAST at each budget N against the predicted width", report)
     lines += [format_sweep(report["sweep"]), "", "## What this machine allows", "",
               "The most any width rule, gate or faster drafter could reach here: each fixed N's measured R(N) over its "
-              "verify time alone (`perf/ceiling.py`; best N shown).", "", ceiling_table(ceiling_rows(report["domains"])),
+              "verify time alone (`perf/sweep.py`; best N shown).", "", ceiling_table(ceiling_rows(report["domains"])),
               ""]
     for name, rep in report["domains"].items():
         lines += [f"## {name}", "", format_table(rep["summary"], markdown=True), ""]

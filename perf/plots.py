@@ -2,8 +2,6 @@
 
 - `plot_width_sweep`: gain over the chain vs budget N, one line per domain (paper Fig. 3),
   with the gain of `cast:auto` drawn as a level per domain when given.
-- `plot_verify_latency`: verify latency relative to a reference packed count vs packed
-  tokens n, one line per width profile (paper Fig. 2), cliffs marked.
 - `plot_accept_histograms`: committed round length R per method.
 - `plot_acceptance_report`: drafter replay R per budget per domain, and depth-1 reliability.
 - `plot_training_curve`: drafter training loss and validation tau against wall time.
@@ -19,8 +17,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
-
-from cast_trtllm.profile import WidthProfile  # noqa: E402
 
 
 def save_figure(fig: plt.Figure, out: str | Path) -> Path:
@@ -52,33 +48,6 @@ def plot_width_sweep(
     ax.set_ylabel("gain over chain (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return save_figure(fig, out)
-
-
-def plot_verify_latency(
-    profiles: Sequence[WidthProfile],
-    out: str | Path,
-    relative_to: int = 16,
-    prefix_len: int | None = None,  # None: each profile's first prefix bucket
-) -> Path:
-    """Batch-one verify latency / latency at `relative_to` packed tokens (paper Fig. 2)."""
-    if not profiles:
-        raise ValueError("plot_verify_latency needs at least one width profile")
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for p in profiles:
-        prefix = p.prefix_lengths[0] if prefix_len is None else prefix_len
-        curve = p.curve(prefix, batch=1)
-        n = np.asarray(curve.n)
-        ms = np.asarray(curve.ms)
-        base = curve(relative_to) if curve.n[0] <= relative_to <= curve.n[-1] else ms[0]
-        line, = ax.plot(n, ms / base, marker="o", markersize=3, label=f"{p.sku} / {p.target}")
-        for cliff in p.cliffs[p.prefix_bucket(prefix)][1]:
-            ax.axvline(cliff, color=line.get_color(), linestyle="--", linewidth=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("packed tokens n = N + 1 (dashed: detected cliff)")
-    ax.set_ylabel(f"verify latency / latency at n={relative_to}")
-    ax.set_title("Verify cost vs packed tokens")
-    ax.legend(fontsize=7)
     return save_figure(fig, out)
 
 

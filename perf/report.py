@@ -114,7 +114,8 @@ def method_block(spec: MethodSpec, runs: Sequence[RequestRun], ar: Sequence[Requ
 def request_row(run: RequestRun, ar: RequestRun | None = None) -> dict[str, Any]:
     """Per-request figures, enough to re-pool a method's summary over prompt shards."""
     g, t = run.result, run.result.timings
-    return {"task_id": run.task_id, "equal_to_ar": None if ar is None else g.token_ids == ar.result.token_ids, "input_length": run.prompt_tokens, "output_length": len(g.token_ids),
+    return {"task_id": run.task_id, "equal_to_ar": None if ar is None else g.token_ids == ar.result.token_ids,
+            "input_length": run.prompt_tokens, "output_length": len(g.token_ids),
             "decode_ms_per_token": g.decode_ms_per_token, "mean_R": g.mean_accept_length, "ttft_ms": t.ttft_ms,
             "decode_ms": t.decode_ms, "num_rounds": g.num_rounds, "sum_budget": sum(g.budgets),
             "drafted_rounds": sum(g.drafted),
@@ -191,5 +192,8 @@ def format_table(rows: Sequence[dict[str, Any]], markdown: bool = False) -> str:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(row) for row in body])

@@ -66,27 +66,35 @@ def run_domain(session: Any, dataset: str, specs: Sequence[MethodSpec], params: 
     requests = load_requests(dataset, params["num_prompts"], params["skip_prompts"], params["max_new_tokens"],
                              params["data_dir"])
     bench = run_bench(requests, specs, session, session.encode,
-                      SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"])
+                      SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"],
+                      after_warmup=session.round_parts_ms)  # the warm-up's rounds are not tallied
     report = build_report(bench, dataset, [r.output_tokens for r in requests], session.engine,
                           {**settings, "temperature": params["temperature"], "seed": params["seed"],
                            "methods": [s.label for s in specs], "num_prompts": len(requests),
                            "skip_prompts": params["skip_prompts"], "max_new_tokens": params["max_new_tokens"]})
+    if session.round_parts is not None:
+        report["round_parts_ms"] = session.round_parts_ms()
     return report, bench
+
+
+def option_words(ctx: click.Context, names: Sequence[str] | None = None) -> list[str]:
+    """The options of `ctx` not left at default (only `names`, when given), as command-line words."""
+    words = []
+    for param in ctx.command.params:
+        if (names is not None and param.name not in names
+                or ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT):
+            continue
+        value = ctx.params[param.name]
+        if getattr(param, "is_flag", False):
+            words += (param.opts if value else param.secondary_opts)[:1]
+        elif value is not None:
+            words += [param.opts[0], str(value)]
+    return words
 
 
 def command_line(ctx: click.Context) -> str:
     """The exact command that reproduces this run: `python -m perf.bench MODE` + every option not left at default."""
-    words = ["python", "-m", "perf.bench", ctx.info_name]
-    for param in ctx.command.params:
-        if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT:
-            continue
-        value = ctx.params[param.name]
-        if getattr(param, "is_flag", False):
-            names = param.opts if value else param.secondary_opts
-            words += names[:1]
-        elif value is not None:
-            words += [param.opts[0], str(value)]
-    return shlex.join(words)
+    return shlex.join(["python", "-m", "perf.bench", ctx.info_name, *option_words(ctx)])
 
 
 def write_outputs(out: str | None, report: dict[str, Any], page: str) -> list[Path]:
@@ -111,9 +119,16 @@ def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
             {k: v for k, v in kwargs.items() if k not in RUN_KEYS})
 
 
-def load_session(engine: dict[str, Any], params: dict[str, Any], relaxed: bool = False):
-    """The one engine the servers run, behind the harness's `decode` callable (`perf.session`)."""
-    from perf.session import load_session as load
-    from runtime.options import engine_options
-
-    return load(engine_options(**engine), not params["stop_at_eos"], not params["no_chat"], relaxed)
+def finish(report: dict, page: str, params: dict) -> None:
+    """Write OUT.json + OUT.md, print the page (or the JSON), and name any lossless method that differs from AR."""
+    paths = write_outputs(params["out"], report, page)
+    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
+    if paths:
+        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
+    differs = [f"{d}: {r['method']}" for d, rep in report["domains"].items()
+               for r in (rep["summary"] if isinstance(rep, dict) else rep)
+               if r.get("lossless", True) and r.get("equal_to_ar") is not None
+               and r["equal_to_ar"] != r["requests"]]
+    if differs:
+        click.echo(f"[perf.bench] lossless methods whose greedy output differs from AR: {', '.join(differs)}",
+                   err=True)

@@ -5,11 +5,18 @@ target and drafter the loader accepts, the one `SpecConfig`. Each benchmarked me
 per-request override (method, budget, draft gate) of that engine; an outside peer
 (`perf.peers`: `hf`, `dflash`) runs on the same target weights in a process of its own,
 started on first use.
+
+`latency --round-parts` times the parts of the engine's own round in place
+(`time_round_parts`): the drafter's feature-cache update, the draft, the tree choice, the
+verify pass and the commit, per method, over the decode rounds (a round that starts with the
+request's prompt still prefilling is not one).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cast_trtllm.sampling import SamplingParams
@@ -23,6 +30,8 @@ class DecodeSession:
     chat: bool = True
     peers: Any = None  # perf.peers.PeerProcess, started on first use
     peer_threads: int = 1  # torch threads of the peers' process
+    round_parts: dict[str, dict[str, float]] | None = None  # label -> part -> s (and "round", "rounds")
+    _tally: dict[str, float] = field(default_factory=dict)  # the running method's, under round_parts
 
     @property
     def engine(self) -> dict[str, Any]:
@@ -54,6 +63,8 @@ class DecodeSession:
                           budget="auto" if auto else spec.budget, draft_gate=spec.draft_gate if auto else None,
                           ignore_eos=self.ignore_eos)
         engine = self.built.engine
+        if self.round_parts is not None:
+            self._tally = self.round_parts.setdefault(spec.label, defaultdict(float))
         if spec.relaxed is None:
             return engine.generate([request])[0], None
         from perf.relaxed_eval import RelaxedEngine, step_tvs
@@ -72,14 +83,47 @@ class DecodeSession:
         return result, tvs
 
 
-def load_session(opts: Any, ignore_eos: bool = False, chat: bool = True, relaxed: bool = False) -> DecodeSession:
-    """`opts`: `runtime.options.EngineOptions`. `relaxed` swaps in the relaxed-rule engine."""
-    from runtime.options import engine_from_options
+    def time_round_parts(self) -> None:
+        """From now on tally each part of every decode round by method (wrappers set on the engine instance)."""
+        engine, self.round_parts = self.built.engine, {}
+        parts = {"feature cache": (engine, "_append_contexts"), "draft": (engine, "_draft"),
+                 "trees (host)": (engine, "_trees"), "verify": (engine.target, "verify_trees"),
+                 "commit (host)": (engine, "_commit"), "round": (engine, "step")}
+        decoding = [False]
 
-    built = engine_from_options(opts)
+        def timed(part: str, fn):
+            def call(*args, **kwargs):
+                if part == "round":  # a decode round: no live request is still prefilling its prompt
+                    decoding[0] = not any(s.prefilling for s in engine.active)
+                    self._tally["rounds"] += decoding[0]
+                start = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    if decoding[0]:
+                        self._tally[part] += time.perf_counter() - start
+            return call
+
+        for part, (obj, name) in parts.items():
+            setattr(obj, name, timed(part, getattr(obj, name)))
+
+    def round_parts_ms(self) -> dict[str, dict[str, float]]:
+        """ms per decode round of each part and of the whole round, per method (then the tally restarts)."""
+        out = {label: {part: (v if part == "rounds" else 1e3 * v / t["rounds"]) for part, v in t.items()}
+               for label, t in (self.round_parts or {}).items() if t["rounds"]}
+        self.round_parts = None if self.round_parts is None else {}
+        return out
+
+
+def load_session(engine: dict[str, Any], params: dict[str, Any], relaxed: bool = False) -> DecodeSession:
+    """The one engine the servers run (`engine`: options for `runtime.options.engine_options`; `params`:
+    the run options). `relaxed` swaps in the relaxed-rule engine."""
+    from runtime.options import engine_from_options, engine_options
+
+    built = engine_from_options(engine_options(**engine))
     if relaxed:
         from perf.relaxed_eval import RelaxedEngine
 
         built.engine.__class__ = RelaxedEngine
         built.engine.rule, built.engine.rounds = None, []
-    return DecodeSession(built, ignore_eos, chat)
+    return DecodeSession(built, not params["stop_at_eos"], not params["no_chat"])

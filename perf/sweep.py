@@ -1,5 +1,6 @@
 """Width sweep (paper Table 2): AR, chain and CAST at each budget N, the sweep oracle next
-to the width `auto` predicts, per domain, on `perf.bench latency`'s interleaved run.
+to the width `auto` predicts, per domain, on `perf.bench latency`'s interleaved run; and the
+ceiling the verify pass leaves on this machine (`ceiling_rows`).
 
     python -m perf.bench sweep --dataset gsm8k,humaneval,mt_bench --budgets 1,3,7,15,31,63 \
         --num-prompts 20 --max-new-tokens 128 --out perf/results/width_sweep_cpu
@@ -7,15 +8,14 @@ to the width `auto` predicts, per domain, on `perf.bench latency`'s interleaved 
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, Mapping
 
 import click
 
 from perf.datasets import DatasetError
 from perf.harness import MethodSpec
-from perf.run import (command_line, domain_label, domains, load_session, run_domain, run_options, split_options,
-                      write_outputs)
+from perf.run import command_line, domain_label, domains, finish, run_domain, run_options, split_options
+from perf.session import load_session
 from runtime.options import model_options, spec_options
 
 
@@ -52,12 +52,70 @@ def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
         cells = []
         for key in ("", "ungated_"):
             width, share = s.get(f"{key}predicted_width"), s.get(f"{key}drafted_share")
-            head = "-" if width is None else f"{width:.1f}" + ("" if key or share is None else f" ({pct(share, '.0f')}%)")
-            gap = s.get(f"{key}gap_pp")
-            cells += [head, pct(s.get(f"{key}predicted_gain")) + ("%" if s.get(f"{key}predicted_gain") is not None else ""),
-                      "-" if gap is None else f"{gap:+.1f}"]
+            head = "-" if width is None else f"{width:.1f}"
+            head += "" if width is None or key or share is None else f" ({pct(share, '.0f')}%)"
+            gap, gain = s.get(f"{key}gap_pp"), s.get(f"{key}predicted_gain")
+            cells += [head, pct(gain) + ("%" if gain is not None else ""), "-" if gap is None else f"{gap:+.1f}"]
         lines.append(f"| {domain} | " + " | ".join(cells) + f" | {s['oracle_width']} ({pct(s['oracle_gain'])}%) "
                      f"| {pct(s['gain_at_widest'])}% |")
+    return "\n".join(lines)
+
+
+# The speedup ceiling left by the verify pass alone. Per domain and fixed N, the measured
+# committed length R(N) and verify ms per round c(N) give the speedup over AR if drafting
+# and host work cost nothing: ceiling(N) = t_AR / (c(N) / R(N)) = t_AR / (t(N) * verify_share(N));
+# with only drafting free, t_AR / (t(N) * (verify + overhead share)). The best N of each is
+# the most any width rule, draft gate or faster drafter could reach on this target, head and
+# machine: below a speedup goal, the goal needs a better drafter (higher R) or a flatter
+# verify curve, not more tuning.
+def _fixed_n(method: str) -> int | None:
+    name = method.split(":", 1)[1] if method.startswith("cast:") else ""
+    return int(name) if name.isdigit() else None
+
+
+def ceiling_rows(reports: Mapping[str, Mapping]) -> list[dict[str, Any]]:
+    """Per domain: the best fixed N's ceilings next to what cast:auto measured."""
+    rows = []
+    for domain, rep in reports.items():
+        summary = {r["method"]: r for r in rep["summary"]}
+        if "ar" not in summary:  # a run without AR has nothing to compare with
+            continue
+        ar = summary["ar"]["ms_per_token"]
+        free_draft, free_all = {}, {}
+        for method, r in summary.items():
+            n = _fixed_n(method)
+            if n is None or not r.get("verify_share"):
+                continue
+            free_all[n] = ar / (r["ms_per_token"] * r["verify_share"])
+            free_draft[n] = ar / (r["ms_per_token"] * (r["verify_share"] + r["overhead_share"]))
+        if not free_all:
+            continue
+        best = max(free_all, key=free_all.get)
+        auto = summary.get("cast:auto")
+        rows.append({
+            "domain": domain, "ar_ms": ar, "best_N": best, "R_at_best_N": summary[f"cast:{best}"]["mean_R"],
+            "ceiling_draft_and_host_free": free_all[best], "ceiling_draft_free": max(free_draft.values()),
+            "measured_auto": None if auto is None else ar / auto["ms_per_token"],
+            "per_N_draft_and_host_free": dict(sorted(free_all.items())),
+        })
+    return rows
+
+
+def ceiling_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| domain | AR ms/tok | best N | R at that N | ceiling, draft + host free "
+             "| ceiling, draft free | cast:auto measured |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        auto = "-" if r["measured_auto"] is None else f"{r['measured_auto']:.2f}x"
+        lines.append(f"| {r['domain']} | {r['ar_ms']:.1f} | {r['best_N']} | {r['R_at_best_N']:.2f} "
+                     f"| {r['ceiling_draft_and_host_free']:.2f}x | {r['ceiling_draft_free']:.2f}x | {auto} |")
+    if rows:
+        def mean(values: list) -> str:
+            values = [v for v in values if v is not None]
+            return f"{sum(values) / len(values):.2f}x" if values else "-"
+
+        lines.append(f"| **mean** | | | | {mean([r['ceiling_draft_and_host_free'] for r in rows])} "
+                     f"| {mean([r['ceiling_draft_free'] for r in rows])} "
+                     f"| {mean([r['measured_auto'] for r in rows])} |")
     return "\n".join(lines)
 
 
@@ -89,8 +147,4 @@ def sweep(ctx: click.Context, budgets: str, no_auto: bool, no_ar: bool, no_ungat
     report: dict[str, Any] = {"mode": "sweep", "command": command_line(ctx),
                               "sweep": {name: sweep_table(r["summary"], ns) for name, r in reports.items()},
                               "domains": reports}
-    page = sweep_page(report, params["out"])
-    paths = write_outputs(params["out"], report, page)
-    click.echo(json.dumps(report, indent=2) if params["as_json"] else page)
-    if paths:
-        click.echo(f"wrote {', '.join(map(str, paths))}", err=params["as_json"])
+    finish(report, sweep_page(report, params["out"]), params)

@@ -1,31 +1,45 @@
-"""Throughput over concurrency on one engine, in process (the code path the servers run).
+"""Throughput over concurrency, in process (the code path the servers run) or through
+`cast-trtllm serve --api openai` with the official `openai` client (`--via openai`).
 
-The engine (`build_engine` defaults: the execution autoconfig picks on this machine)
-serves the same request pool for every (concurrency c, method): at most c requests live at
-once, a queued request joins as soon as one leaves (continuous batching; `LLMEngine.step`
-runs one round for every live request). Each request is greedy with `ignore_eos`, so every
-run commits the same token count. Throughput = generated tokens / wall seconds of the whole
-run (prefill included); decode throughput = tokens after each first one / seconds inside
-`step` (paper App. D). Methods run one after another at each concurrency, in the order
-given, after a warm-up run of each; every output is checked against AR at c = 1 token for token.
+In process: the engine (`build_engine` defaults unless flags say otherwise) serves the same
+request pool for every (concurrency c, method): at most c requests live at once, a queued
+request joins as soon as one leaves (continuous batching; `LLMEngine.step` runs one round for
+every live request). Each request is greedy with `ignore_eos`, so every run commits the same
+token count. Throughput = generated tokens / wall seconds of the whole run (prefill included);
+goodput = tokens after each first one / seconds inside `step` (paper App. D). `best-first:W`
+is the paper's App. F baseline: one budget of W x B nodes per round shared by global
+best-first mass (`runtime.engine.trees.MeanBudget`), gate off; `cast:W` is W per request.
+
+Through the server: the same methods as per-request `cast` options, each request a streamed
+completion; TTFT, inter-token latency ((last - first token) / (tokens - 1)) and request
+latency percentiles, and requests lost. Methods run one after another at each concurrency,
+in the order given, after a warm-up run of each; every output is checked against AR at c = 1
+(tokens in process, text through the server).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections import deque
-from typing import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
+import numpy as np
 from tqdm import tqdm
 
 from perf.harness import MethodSpec
 from runtime.engine import LLMEngine, Request
+from runtime.engine.trees import MeanBudget
 
 
-def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple[float, float, list[list[int]], int]:
-    """Run `requests` with at most `concurrency` live -> (wall s, s inside step, tokens per request, rounds)."""
+def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple[float, float, list[Any], int]:
+    """Run `requests` with at most `concurrency` live -> (wall s, s inside step, finished sequences, rounds)."""
     queue, live, rounds, stepping = deque(enumerate(requests)), {}, 0, 0.0
-    out: list[list[int]] = [[] for _ in requests]
+    out: list[Any] = [None] * len(requests)
     start = time.perf_counter()
     while queue or engine.active:
         while queue and len(engine.active) < concurrency:
@@ -33,11 +47,10 @@ def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple
             seq = engine.add_request(req)
             live[id(seq)] = (i, seq)
             if seq.done:
-                out[i] = list(seq.tokens)
+                out[i] = seq
         began = time.perf_counter()
         for seq in engine.step():
-            i, _ = live.pop(id(seq))
-            out[i] = list(seq.tokens)
+            out[live.pop(id(seq))[0]] = seq
         stepping += time.perf_counter() - began
         rounds += 1
     return time.perf_counter() - start, stepping, out, rounds
@@ -45,28 +58,134 @@ def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple
 
 def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
     """One greedy `ignore_eos` request per prompt, with the method's per-request overrides."""
+    if spec.method == "best-first":
+        return [Request(tuple(p), max_new, method="cast", budget="auto", draft_gate=False, ignore_eos=True)
+                for p in prompts]
     auto = spec.method == "cast" and spec.budget is None
     return [Request(tuple(p), max_new, method=spec.method, budget="auto" if auto else spec.budget,
                     draft_gate=spec.draft_gate if auto else None, ignore_eos=True) for p in prompts]
 
 
+def serve_method(engine: LLMEngine, spec: MethodSpec, prompts, max_new: int, concurrency: int):
+    """`serve` one method's requests; best-first:W runs under the shared W x B width rule."""
+    width = engine.width
+    if spec.method == "best-first":
+        engine.width = lambda prefix: MeanBudget(spec.budget)
+    try:
+        return serve(engine, requests_for(spec, prompts, max_new), concurrency)
+    finally:
+        engine.width = width
+
+
 def run(engine: LLMEngine, prompts: list[list[int]], max_new: int, methods: Sequence[MethodSpec],
         levels: Sequence[int], progress: bool = True) -> list[dict]:
-    """Every (concurrency, method) cell: throughput and how many outputs equal AR alone."""
+    """Every (concurrency, method) cell: throughput, goodput, mean R and N, outputs equal to AR alone."""
     for m in methods:  # warm-up: graphs, caches, the cost model's first readings
-        serve(engine, requests_for(m, prompts[:2], min(max_new, 16)), 2)
-    reference = serve(engine, requests_for(MethodSpec("ar"), prompts, max_new), 1)[2]
+        serve_method(engine, m, prompts[:2], min(max_new, 16), 2)
+    reference = [s.tokens for s in serve_method(engine, MethodSpec("ar"), prompts, max_new, 1)[2]]
     rows = []
     with tqdm(total=len(levels) * len(methods), desc="concurrency x method", disable=not progress) as bar:
         for c in levels:
             for m in methods:
                 bar.set_postfix_str(f"c={c} {m.label}")
-                wall, stepping, out, rounds = serve(engine, requests_for(m, prompts, max_new), c)
-                tokens = sum(len(t) for t in out)
+                wall, stepping, seqs, rounds = serve_method(engine, m, prompts, max_new, c)
+                tokens, lengths = sum(len(s.tokens) for s in seqs), [R for s in seqs for R in s.accept_lengths]
                 rows.append({"concurrency": c, "method": m.label, "tokens": tokens, "wall_s": wall,
                              "tokens_per_s": tokens / wall, "decode_s": stepping,
-                             "decode_tokens_per_s": (tokens - len(out)) / stepping, "rounds": rounds,
-                             "requests": len(out), "equal_to_ar": sum(a == b for a, b in zip(out, reference))})
+                             "decode_tokens_per_s": (tokens - len(seqs)) / stepping, "rounds": rounds,
+                             "mean_R": float(np.mean(lengths)) if lengths else None,
+                             "mean_N": float(np.mean([N for s in seqs for N in s.budgets])) if lengths else None,
+                             "requests": len(seqs),
+                             "equal_to_ar": sum(s.tokens == want for s, want in zip(seqs, reference))})
+                bar.update()
+    return rows
+
+
+def start_server(flags: Sequence[str], max_batch: int, max_queue: int, max_tokens: int) -> tuple[subprocess.Popen, Any]:
+    """`cast-trtllm serve --api openai` with the engine `flags`, on a free port -> (process, ready client)."""
+    from openai import OpenAI
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", "from cast_trtllm.cli import main; main()", "serve", "--api",
+                               "openai", "--port", str(port), "--max-batch", str(max_batch), "--max-queue",
+                               str(max_queue), "--max-tokens-limit", str(max(512, max_tokens)), "--log-level",
+                               "warning", *flags], env={**os.environ, "TQDM_DISABLE": "1"})
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+    for _ in range(1200):
+        if server.poll() is not None:
+            raise ValueError(f"the OpenAI server exited with status {server.returncode} before it was ready")
+        try:
+            client.models.list()
+            return server, client
+        except Exception:  # not listening yet
+            time.sleep(0.5)
+    server.terminate()
+    raise ValueError("the OpenAI server was not ready after 10 minutes")
+
+
+def cast_options(spec: MethodSpec) -> dict[str, Any]:
+    """A method as the server's per-request `cast` body (its draft gate is the server's --draft-gate)."""
+    if spec.method == "best-first" or spec.label == "cast:auto-ungated":
+        raise ValueError(f"--via openai: {spec.label} is not a per-request option of the server; "
+                         "run it in process, or start the server with --no-draft-gate and use cast:auto")
+    return {"method": spec.method, **({"budget": spec.budget or "auto"} if spec.method == "cast" else {})}
+
+
+def stream_one(client: Any, model: str, prompt: str | Sequence[int], max_new: int, cast: dict, chat: bool
+               ) -> dict[str, Any]:
+    """One streamed completion (chat for a text prompt unless `chat` is off): text and times (s), or the error."""
+    args = {"model": model, "max_tokens": max_new, "temperature": 0, "stream": True,
+            "extra_body": {"cast": cast, "ignore_eos": True}}
+    start, stamps, pieces = time.perf_counter(), [], []
+    try:
+        if chat and isinstance(prompt, str):
+            stream = client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **args)
+            text: Callable = lambda chunk: chunk.choices[0].delta.content  # noqa: E731
+        else:
+            stream = client.completions.create(prompt=prompt if isinstance(prompt, str) else list(prompt), **args)
+            text = lambda chunk: chunk.choices[0].text  # noqa: E731
+        for chunk in stream:
+            if chunk.choices and text(chunk):
+                stamps.append(time.perf_counter())
+                pieces.append(text(chunk))
+    except Exception as err:  # counted as lost
+        return {"error": f"{type(err).__name__}: {err}"}
+    end = time.perf_counter()
+    first = stamps[0] if stamps else end
+    return {"text": "".join(pieces), "ttft_s": first - start, "latency_s": end - start,
+            "itl_s": (end - first) / max(1, max_new - 1)}
+
+
+def run_openai(client: Any, prompts: list, max_new: int, methods: Sequence[MethodSpec], levels: Sequence[int],
+               chat: bool, progress: bool = True) -> list[dict]:
+    """Every (concurrency, method) cell through the server: tokens/s, TTFT / ITL / latency, lost, = AR."""
+    model = client.models.list().data[0].id
+
+    def pool(spec: MethodSpec, items: list, c: int) -> tuple[float, list[dict]]:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(c) as ex:
+            out = list(ex.map(lambda p: stream_one(client, model, p, max_new, cast_options(spec), chat), items))
+        return time.perf_counter() - start, out
+
+    for m in methods:  # warm-up
+        pool(m, prompts[:2], 2)
+    reference = [r.get("text") for r in pool(MethodSpec("ar"), prompts, 1)[1]]
+    rows = []
+    with tqdm(total=len(levels) * len(methods), desc="concurrency x method", disable=not progress) as bar:
+        for c in levels:
+            for m in methods:
+                bar.set_postfix_str(f"c={c} {m.label}")
+                wall, out = pool(m, prompts, c)
+                ok = [r for r in out if "error" not in r]
+                row = {"concurrency": c, "method": m.label, "tokens": len(ok) * max_new, "wall_s": wall,
+                       "tokens_per_s": len(ok) * max_new / wall, "requests": len(out), "lost": len(out) - len(ok),
+                       "equal_to_ar": sum(r.get("text") == want for r, want in zip(out, reference))}
+                for key in ("ttft", "itl", "latency"):
+                    ms = [1e3 * r[f"{key}_s"] for r in ok] or [float("nan")]
+                    row |= {f"p{q}_{key}_ms": float(np.percentile(ms, q)) for q in (50, 99)}
+                rows.append(row)
                 bar.update()
     return rows
 
@@ -77,10 +196,11 @@ def table(rows: list[dict], labels: Sequence[str], levels: Sequence[int], key: s
     head = "| method | " + " | ".join(f"c={c}" for c in levels) + " | x AR at each c | = AR |"
     lines = [head, "|" + "---|" * (len(levels) + 3)]
     for label in labels:
-        cells = [f"{by[c, label][key]:.1f}" for c in levels]
-        ratios = [by[c, label][key] / by[c, "ar"][key] for c in levels]
+        cells = [by[c, label][key] for c in levels]
+        ratios = [None if v is None or not by[c, "ar"][key] else v / by[c, "ar"][key] for c, v in zip(levels, cells)]
         equal = sum(by[c, label]["equal_to_ar"] for c in levels)
         total = sum(by[c, label]["requests"] for c in levels)
-        lines.append(f"| {label} | " + " | ".join(cells) + " | " + " / ".join(f"{r:.2f}" for r in ratios)
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in cells) + " | "
+                     + " / ".join("-" if r is None else f"{r:.2f}" for r in ratios)
                      + f" | {equal}/{total}{'' if equal == total else '!'} |")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """Command-line options shared by every command that runs the engine (generate, bench,
-sweep, goodput, probe, triton-repo, serve): the models, and the one `SpecConfig`.
+sweep, probe, triton-repo, serve): the models, and the one `SpecConfig`.
 
 `--extra-llm-api-options` is applied over the flags it names, and each of its fields'
 mapping is printed on stderr. `engine_from_options` is the one way a command builds the

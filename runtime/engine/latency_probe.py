@@ -2,7 +2,7 @@
 
 Every measured cost in the project comes from here: the execution autoconfig
 (`runtime.engine.autoconfig`), `cast-trtllm probe` (the verify-cost curve -> width
-profile, `engine_builder.probe`), the GPU check (`perf.gpu_probe`) and the backend
+profile, `engine_builder.probe`), the GPU check (`perf.gpu_check`) and the backend
 benchmark (`perf.bench_backends`). What is timed is what `LLMEngine.step` runs:
 
   verify  ONE `TargetBackend.verify(seqs, packs, trees)` over B requests (slots of the

@@ -21,7 +21,7 @@ def test_backend_bench_times_every_column_and_writes_json_table_and_plot(tmp_pat
     assert all(len(v) == 2 and min(v) > 0 for by_n in samples.values() for v in by_n.values())
     report = write_report(samples, columns, tmp_path / "backends", {"target": "tiny", "prefix": 9, "repeats": 2})
     assert json.loads((tmp_path / "backends.json").read_text())["ms"]["ort-fp32 t2"]["4"]["median"] > 0
-    assert report["machine"]["cores"] >= 1 and report["machine"]["onnxruntime"]
+    assert report["machine"]["cpu_count"] >= 1 and report["machine"]["onnxruntime"]
     rows = [line for line in (tmp_path / "backends.md").read_text().splitlines() if line.startswith("| ")]
     assert [r.split(" | ")[0] for r in rows] == ["| n", "| 1", "| 4"] * 2  # median table, then p10
     assert all(r.endswith("x |") for r in rows if not r.startswith("| n"))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cast_trtllm.tree import Tree, allocate_shared_budget, build_tree
-from perf.bench_tree import heap_best_first, host_round, host_round_one_search, synthetic_marginals, token_paths
+from click.testing import CliRunner
+
+from perf.bench import bench
+from perf.bench_tree import heap_best_first, synthetic_marginals, token_paths
 
 
 def _ordered_paths(tree: Tree) -> list[tuple[int, ...]]:
@@ -62,9 +67,11 @@ def test_synthetic_marginals_are_sorted_log_probabilities_that_fall_with_depth()
     assert np.exp(lp[:3, 0]).mean() > np.exp(lp[-3:, 0]).mean()
 
 
-def test_host_round_walks_the_chain_and_one_search_walks_the_same_tree():
-    ids, lp = synthetic_marginals(15, 8, np.random.default_rng(0))
-    for n in (0, 15, 127):
-        acc, fused = host_round(ids, lp, n, prefix_len=64), host_round_one_search(ids, lp, n, prefix_len=64)
-        assert acc.tokens.tolist() == ids[: acc.num_accepted, 0].tolist()
-        assert acc.path.tolist() == fused.path.tolist() and acc.next_root == fused.next_root
+def test_tree_mode_checks_both_constructions_and_writes_their_timings(tmp_path):
+    out = tmp_path / "tree.json"
+    result = CliRunner().invoke(bench, ["tree", "--budget", "20", "--rank-cap", "4", "--block", "6", "--batch", "3",
+                                        "--total", "30", "--repeats", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())["results"]
+    assert results["build_tree"]["budget_N"] == 20 and results["allocate_shared_budget"]["same_node_set"]
+    assert results["build_tree"]["heapq_median_us"] > 0

@@ -52,7 +52,7 @@ def _timed(method, ms, R, verify, overhead):
 
 def test_ceiling_is_ar_over_the_verify_time_per_token_of_the_best_fixed_n():
     """t_AR / (t(N) * verify share): what is left if drafting and host work were free."""
-    from perf.ceiling import ceiling_rows, ceiling_table
+    from perf.sweep import ceiling_rows, ceiling_table
 
     summary = [_timed("ar", 30.0, 1.0, 0.98, 0.02), _timed("chain", 36.0, 2.0, 0.8, 0.04),
                _timed("cast:3", 25.0, 2.0, 0.6, 0.05), _timed("cast:15", 30.0, 2.8, 0.8, 0.04),

@@ -1,67 +1,65 @@
-"""perf.goodput on a tiny random target + drafter: report schema and greedy losslessness."""
+"""`perf.bench throughput` in process on a tiny random target + drafter (goodput, mean R and N,
+the App. F best-first baseline), and through `serve --api openai` on the embedded model."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
-from perf.goodput import POLICIES, make_policy, measure_goodput
-from perf.goodput_report import format_goodput
-from runtime.drafter import DrafterExecutor
-from runtime.drafter import random_drafter
-from tests.runtime.doubles import random_target
+from perf.bench import bench
+from perf.harness import parse_methods
+from perf.throughput import run
 
-VOCAB, L = 64, 4
-CELL_KEYS = {"batch_size", "policy", "budget", "goodput_tok_s", "ratio_to_chain", "committed_tokens", "decode_s",
-             "rounds", "mean_R", "mean_packed_per_round", "mean_packed_per_request_round", "equal_to_chain"}
+from .conftest import tiny_session
+
+METHODS = parse_methods("ar,chain,cast:12,cast:3,best-first:3")
 
 
 @pytest.fixture(scope="module")
-def report():
-    target = random_target(seed=3, vocab_size=VOCAB)
-    drafter = DrafterExecutor(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=4, init_std=0.3),
-                                 target)
+def rows():
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, VOCAB, size=int(rng.integers(2, 20))).tolist() for _ in range(5)]
-    policies = [make_policy(name, shared_width=3, fixed_width=12, max_width=8, rank_cap=4) for name in POLICIES]
-    return measure_goodput(target, drafter, prompts, [1, 3], policies, max_new_tokens=10, progress=False)
+    prompts = [rng.integers(0, 64, size=int(rng.integers(2, 20))).tolist() for _ in range(5)]
+    return run(tiny_session().built.engine, prompts, 10, METHODS, [1, 3], progress=False)
 
 
-def test_report_has_one_cell_per_batch_size_and_policy_with_every_field(report):
-    cells = report["cells"]
-    assert [(c["batch_size"], c["policy"]) for c in cells] == [(b, p) for b in (1, 3) for p in POLICIES]
-    for c in cells:
-        assert set(c) == CELL_KEYS
-        assert c["goodput_tok_s"] > 0 and c["decode_s"] > 0 and c["rounds"] > 0
-        assert c["mean_R"] >= 1 and c["mean_packed_per_request_round"] >= 1
-    assert all(c["ratio_to_chain"] == 1.0 for c in cells if c["policy"] == "chain")
+def test_one_row_per_concurrency_and_method_with_goodput_and_round_figures(rows):
+    assert [(r["concurrency"], r["method"]) for r in rows] == [(c, m.label) for c in (1, 3) for m in METHODS]
+    for r in rows:
+        assert r["tokens"] == 5 * 10 and r["decode_tokens_per_s"] > 0 and r["tokens_per_s"] > 0
+        assert r["mean_R"] >= 1 and r["rounds"] > 0
 
 
-def test_committed_tokens_are_the_outputs_after_each_first_token(report):
-    for c in report["cells"]:
-        outputs = report["outputs"][str(c["batch_size"])][c["policy"]]
-        assert c["committed_tokens"] == sum(len(t) - 1 for t in outputs)
-        assert all(len(t) == 10 for t in outputs)  # no EOS: every request runs its full budget
+def test_every_method_outputs_equal_ar_token_for_token(rows):
+    assert all(r["equal_to_ar"] == r["requests"] == 5 for r in rows)
 
 
-def test_every_policy_outputs_equal_the_chain_token_for_token(report):
-    for outputs in report["outputs"].values():
-        assert all(outputs[name] == outputs["chain"] for name in POLICIES)
-    assert report["lossless"] == {"all_policies_equal_chain": True, "mismatches": [],
-                                  "chain_equal_across_batch_sizes": True}
-    assert all(c["equal_to_chain"] for c in report["cells"])
+def test_uniform_and_best_first_verify_the_same_nodes_alone_and_best_first_shares_them_in_a_batch(rows):
+    by = {(r["concurrency"], r["method"]): r for r in rows}
+    assert by[1, "cast:3"]["mean_N"] == by[1, "best-first:3"]["mean_N"] == 3
+    assert by[3, "chain"]["mean_N"] == by[1, "chain"]["mean_N"]
 
 
-def test_uniform_and_best_first_verify_the_same_nodes_at_batch_size_one(report):
-    one = {c["policy"]: c for c in report["cells"] if c["batch_size"] == 1}
-    assert one["uniform"]["mean_packed_per_request_round"] == one["best_first"]["mean_packed_per_request_round"] == 4
+def test_best_first_and_ungated_auto_are_refused_through_the_server():
+    result = CliRunner().invoke(bench, ["throughput", "--via", "openai", "--dataset", "gsm8k", "--methods",
+                                        "ar,best-first:8"])
+    assert result.exit_code != 0 and "best-first:8" in result.output and "Traceback" not in result.output
 
 
-def test_markdown_table_has_a_row_per_cell(report):
-    lines = format_goodput(report["cells"], markdown=True).splitlines()
-    assert len(lines) == 2 + len(report["cells"]) and lines[2].startswith("| 1 | chain |")
-
-
-def test_measure_goodput_without_chain_is_rejected():
-    with pytest.raises(ValueError, match="include chain"):
-        measure_goodput(None, None, [[1, 2]], [1], [make_policy("uniform", 3, 12, 8, 4)], 4)
+@pytest.mark.slow
+def test_through_the_openai_server_every_output_equals_ar_and_latency_percentiles_are_reported(tmp_path):
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps({"task_id": i, "prompt": p, "output_tokens": 6}) + "\n"
+                            for i, p in enumerate(("What is 12 times 7?", "Name a colour."))))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(bench, ["throughput", "--via", "openai", "--dataset", str(data), "--concurrency",
+                                        "1,2", "--methods", "ar,chain,cast:auto", "--dtype", "float32",
+                                        "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["via"] == "openai" and report["engine"]["server"].endswith("--dtype float32")
+    rows = report["domains"]["tiny"]
+    assert all(r["lost"] == 0 and r["equal_to_ar"] == r["requests"] == 2 and r["p50_ttft_ms"] > 0 for r in rows)
+    assert "TTFT p50" in out.with_suffix(".md").read_text() and out.with_suffix(".png").is_file()

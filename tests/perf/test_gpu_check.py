@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cast_trtllm.profile import WidthProfile
-from perf import gpu_check, gpu_kernel
+from perf import gpu_check
 from plugins.tree_attention import tree_attention_reference
 
 SCRIPT = Path(gpu_check.__file__).with_suffix(".sh")
@@ -38,8 +38,8 @@ def test_correctness_section_fails_on_a_wrong_kernel(monkeypatch):
     def off_by_a_bit(*args):
         return tree_attention_reference(*args) * 1.01 + 1e-3
 
-    monkeypatch.setattr(gpu_kernel, "kernel_or_reference", lambda device: (off_by_a_bit, "broken"))
-    result = gpu_kernel.check_correctness(torch.device("cpu"), dry_run=True, seed=0)
+    monkeypatch.setattr(gpu_check, "kernel_or_reference", lambda device: (off_by_a_bit, "broken"))
+    result = gpu_check.check_correctness(torch.device("cpu"), dry_run=True, seed=0)
     assert result["kernel"] == "broken" and not result["ok"]
     assert all(not c["ok"] and c["max_abs_err"] > c["tolerance"] for c in result["cases"])
 
@@ -55,7 +55,8 @@ def test_a_failing_section_is_reported_and_the_others_still_run(tmp_path, monkey
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--dry-run", "--sections", "correctness,bogus"], "unknown ['bogus']"),
+    (["--dry-run", "--sections", "correctness,bogus"], "unknown ['bogus']; choose from correctness, kernel, probe, "
+                                                        "round_loop"),
     (["--dry-run", "--packed", "16,8"], "strictly ascending"),
     (["--dry-run", "--iters", "0"], "--iters >= 1"),
 ])
@@ -76,4 +77,4 @@ def test_shell_script_is_valid_bash_with_a_time_guard():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     text = SCRIPT.read_text()
     assert "timeout 330 python -m perf.gpu_check" in text and "unset TRITON_INTERPRET" in text
-    assert "timeout 140 python -m perf.gpu_round_loop" in text  # 330 + 140 s: within the 8-minute budget
+    assert "timeout 140 python -m perf.gpu_check --sections round_loop" in text  # 330 + 140 s: within 8 minutes

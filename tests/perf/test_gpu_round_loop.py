@@ -1,6 +1,9 @@
 """The GPU round-loop section, run on its tiny shape on the CPU: the controlled-acceptance
 drafter makes R follow the corruption rate, and greedy output still equals AR."""
 
+import json
+
+from perf import gpu_check
 from perf.gpu_round_loop import run
 
 
@@ -14,3 +17,10 @@ def test_tiny_round_loop_reports_every_method_and_stays_lossless():
     assert all(r["greedy_equals_ar"] for r in report["rows"][1:])
     assert rows[("chain", 0.0)]["mean_R"] > 4 > rows[("chain", 0.9)]["mean_R"]  # acceptance follows the rate
     assert all(0 <= r["host_overhead_share"] < 1 for r in report["rows"][1:])
+
+
+def test_round_loop_is_a_section_of_the_gpu_check(tmp_path):
+    out = tmp_path / "round_loop.json"
+    assert gpu_check.main(["--dry-run", "--sections", "round_loop", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["sections"]["round_loop"]["rows"]
+    assert rows[0]["method"] == "ar" and all(r["greedy_equals_ar"] for r in rows[1:])
