@@ -1,7 +1,7 @@
 """The shipped head's recipe, read from `recipe.json`: its phases and their data runs.
 
 The phases are data, not code: `train-drafter recipe` walks them
-(`drafter_builder.cli.recipe`), and `shipped_prompts` draws again every prompt their data
+(`drafter_builder.cli`), and `shipped_prompts` draws again every prompt their data
 runs asked for, so a new run can keep clear of them (`data --skip-shipped`).
 """
 

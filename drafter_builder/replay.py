@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.tree import Tree, build_chain, build_tree
-from drafter_builder.blocks import FrozenTarget, block_hidden, drafter_rotary
+from drafter_builder.blocks import FrozenTarget, block_hidden
 from runtime.drafter.vocab import DraftHead
 
 TreeRule = Callable[[np.ndarray, np.ndarray], Tree]  # (topk ids [L, K], logprobs [L, K]) -> tree
@@ -54,7 +54,7 @@ def score_anchors(
     drafter: Any, target: FrozenTarget, rec: dict[str, Any], rank_cap: int = 8, chunk: int = 32
 ) -> AnchorScores:
     """Top-`rank_cap` marginals of the block at every anchor p in [prompt_len, T-2]."""
-    rotary, head = drafter_rotary(drafter), DraftHead(target.lm_head_weight, drafter.d2t)
+    rotary, head = drafter.config.rotary(), DraftHead(target.lm_head_weight, drafter.d2t)
     ids, taps = rec["ids"], rec["taps"].float()
     anchors = torch.arange(rec["prompt_len"], ids.numel() - 1)
     out_ids, out_lp = [], []

@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from drafter_builder.blocks import FrozenTarget, block_hidden, block_labels, drafter_rotary, sample_anchors, to_draft_labels
-from drafter_builder.loss import block_loss, final_tap_columns, position_weights, soft_block_loss, target_block_logprobs
+from drafter_builder.blocks import (FrozenTarget, block_hidden, block_labels, block_loss, final_tap_columns,
+                                    position_weights, sample_anchors, soft_block_loss, target_block_logprobs,
+                                    to_draft_labels)
 from runtime.drafter.vocab import DraftHead, target_to_draft
 
 # ---------------------------------------------------------------- loop
@@ -78,10 +79,6 @@ class TrainerState:
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
-    @staticmethod
-    def from_dict(raw: dict[str, Any]) -> "TrainerState":
-        return TrainerState(**raw)
-
 
 def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0) -> float:
     """Linear warm-up, then a cosine over the elapsed share of the whole time box. A resumed
@@ -126,7 +123,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed)
     if state.generator is not None:
         gen.set_state(state.generator)
-    rotary = drafter_rotary(drafter)
+    rotary = drafter.config.rotary()
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     t2d = None if drafter.d2t is None else target_to_draft(head.target_ids, head.vocab_size)
     device = target.lm_head_weight.device
@@ -218,7 +215,7 @@ def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]]
     top1[k]: P(argmax q_k == target greedy token k); chain[k]: P(slots 1..k all match);
     tau: mean accepted chain length per anchor (teacher-forced, every response position).
     """
-    rotary = drafter_rotary(drafter)
+    rotary = drafter.config.rotary()
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     num_draft = drafter.config.num_draft_positions
     hits = []

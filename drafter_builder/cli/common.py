@@ -13,6 +13,7 @@ from drafter_builder.recipe import ROOT
 from runtime.drafter import DEFAULT_DRAFTER
 
 LAYER_IDS = (1, 8, 15, 22, 29)  # taps stored in the data shards
+MASK_TOKEN_ID = 16  # <empty_output>: a special token the chat template never emits
 HELDOUT_SETS = ("gsm8k", "humaneval", "mt_bench")  # domains of the acceptance report
 
 WORK = click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/dflash_train"),

@@ -14,6 +14,7 @@ from drafter_builder.cli import common
 from drafter_builder.cli.common import DATA, HELDOUT_SETS, LAYER_IDS, SEED, THREADS, WORK
 from drafter_builder.recipe import pool_counts, shipped_prompts
 from perf.datasets import MBPP_TRAINING_IDS, NAMED_SETS
+from runtime.loader import encode_prompt
 
 _MBPP_IDS = f"{MBPP_TRAINING_IDS.start}-{MBPP_TRAINING_IDS.stop - 1}"
 
@@ -94,7 +95,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
         prompts = fresh
     if skip_seen:
         seen = S.answered_prompts(work / "train", skip=run_dir)
-        fresh = [(n, p) for n, p in prompts if tuple(S.chat_ids(tok, p)) not in seen]
+        fresh = [(n, p) for n, p in prompts if tuple(encode_prompt(tok, p, chat=True)) not in seen]
         click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: another data run answered them")
         prompts = fresh
     meta = S.build_dataset(hf, tok, prompts, LAYER_IDS, run_dir, batch_size, max_new_tokens, gen_minutes * 60)
