@@ -25,7 +25,7 @@ import click
 import torch
 
 from drafter_builder.cli import common
-from drafter_builder.cli.common import DATA, LAYER_IDS, THREADS, heldout_prompts  # LAYER_IDS: the stored taps
+from drafter_builder.cli.common import DATA, LAYER_IDS, MAX_NEW_TOKENS, THREADS, heldout_prompts
 
 
 @torch.inference_mode()
@@ -49,7 +49,7 @@ def fp32_pass(hf, recs: list[dict]) -> tuple[list[dict], int, int]:
 @click.option("--prompts", type=int, default=32, show_default=True, help="Prompts per domain.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
               help="Prompts per decoding batch; fp32 and bf16 take turns batch by batch.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+@MAX_NEW_TOKENS
 @THREADS
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write JSON.")
 def main(data_dir: Path, domains: str, prompts: int, batch_size: int, max_new_tokens: int, threads: int,
@@ -60,8 +60,7 @@ def main(data_dir: Path, domains: str, prompts: int, batch_size: int, max_new_to
     from runtime.drafter import DEFAULT_DRAFTER, load_drafter
     from runtime.loader import encode_prompt
 
-    common.setup(threads, 0)
-    hf, tok, frozen, target_cfg = common.load_target()
+    hf, tok, frozen, target_cfg = common.load_target(threads)
     models = {"fp32": hf, "bf16": copy.deepcopy(hf).to(torch.bfloat16)}
     drafter = load_drafter(DEFAULT_DRAFTER, target_cfg)
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id

@@ -82,11 +82,6 @@ def accepted_path(tree: Tree, continuation: np.ndarray) -> list[int]:
     return path
 
 
-def greedy_accept(tree: Tree, continuation: np.ndarray) -> int:
-    """Length A of the longest tree path equal to the start of `continuation`."""
-    return len(accepted_path(tree, continuation))
-
-
 def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
     """Committed lengths R and tree sizes of every round of one continuation."""
     lengths, sizes = [], []
@@ -94,7 +89,7 @@ def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
     while p < end:
         a = p - scores.prompt_len
         tree = rule(scores.topk_ids[a], scores.topk_logprobs[a])
-        accepted = greedy_accept(tree, scores.ids[p + 1 :])
+        accepted = len(accepted_path(tree, scores.ids[p + 1 :]))
         r = min(accepted + 1, end - p)
         lengths.append(r)
         sizes.append(tree.size)
@@ -129,7 +124,7 @@ def first_rejection_ranks(all_scores: list[AnchorScores]) -> dict[str, float]:
         p, end = s.prompt_len, len(s.ids) - 1
         while p < end:
             a, block = p - s.prompt_len, s.topk_ids[p - s.prompt_len]
-            accepted = greedy_accept(chain_rule(block, s.topk_logprobs[a]), s.ids[p + 1 :])
+            accepted = len(accepted_path(chain_rule(block, s.topk_logprobs[a]), s.ids[p + 1 :]))
             if accepted < block.shape[0] and p + accepted + 1 <= end:
                 where = np.flatnonzero(block[accepted] == s.ids[p + accepted + 1])
                 ranks.append(int(where[0]) + 1 if where.size else block.shape[1] + 1)

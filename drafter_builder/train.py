@@ -2,9 +2,8 @@
 
 Data: `drafter_builder.shards` (target greedy continuations + taps, fp16 shards). Each
 step samples blocks of a few sequences (`drafter_builder.blocks`), runs them through the
-head in one pass, and steps AdamW on the position-decayed block loss
-(`drafter_builder.loss`; optional distillation, `kd_weight`). Target embeddings and
-lm_head stay frozen. Optional bf16 autocast.
+head in one pass, and steps AdamW on the position-decayed block loss (also `blocks`;
+optional distillation, `kd_weight`). Target embeddings and lm_head stay frozen. Optional bf16 autocast.
 
 Checkpoints: `TrainerState` (optimizer, step, elapsed wall time, generator state) is
 saved beside the weights, so a run resumes where it stopped and its cosine schedule
@@ -13,7 +12,6 @@ saved beside the weights, so a run resumes where it stopped and its cosine sched
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -95,27 +93,17 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0)
     return lr
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.autocast_bf16 else contextlib.nullcontext()
-
-
 @torch.enable_grad()  # callers may run under no_grad (e.g. a serving process)
-def train(
-    drafter: Any,
-    target: FrozenTarget,
-    records: Iterator[dict[str, Any]],  # endless, e.g. shards.stream_records
-    cfg: TrainConfig,
-    on_save: Callable[[TrainerState], None] | None = None,
-    evaluate: Callable[[Any], dict[str, Any]] | None = None,  # drafter -> {"tau": ...}
-    state: TrainerState | None = None,
-    *,
-    num_target_layers: int | None = None,  # needed when cfg.kd_weight > 0 (locates the final-layer tap)
-    run_info: dict[str, Any] | None = None,  # recorded with this run in state.runs (e.g. its data)
-) -> TrainerState:
+def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]], cfg: TrainConfig,
+          on_save: Callable[[TrainerState], None] | None = None, evaluate: Callable[[Any], dict[str, Any]] | None = None,
+          state: TrainerState | None = None, *, num_target_layers: int | None = None,
+          run_info: dict[str, Any] | None = None) -> TrainerState:
     """Train `drafter` in place until the time box or max_steps; returns the final state.
 
-    Runs where the target's weights are (`target.lm_head_weight.device`; the drafter must be
-    there too); records stream from the CPU and are moved per step."""
+    records: endless (e.g. `shards.stream_records`), streamed from the CPU and moved per step to
+    where the target's weights are (`target.lm_head_weight.device`; the drafter must be there
+    too); evaluate: drafter -> {"tau": ...}; num_target_layers: needed when cfg.kd_weight > 0
+    (locates the final-layer tap); run_info: recorded with this run in state.runs (e.g. its data)."""
     state = state or TrainerState()
     state.runs.append({"step": state.step, "seconds": round(state.elapsed_s, 1), **(run_info or {}),
                        "train_config": {k: getattr(cfg, k) for k in cfg.__slots__}})
@@ -170,7 +158,7 @@ def train(
             anchors = sample_anchors(rec["prompt_len"], ids.numel(), cfg.anchors_per_seq, gen).to(device)
             if anchors.numel() == 0:
                 continue
-            with _autocast(cfg, device):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
                 logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, anchors))
             labels = to_draft_labels(block_labels(ids, anchors, logits.shape[1]), t2d)
             loss = block_loss(logits, labels, weights)

@@ -33,8 +33,7 @@ def main(work: Path, threads: int, steps: int, rounds: int, json_path: Path | No
     from runtime.drafter import random_drafter
     from runtime.drafter import vocab as V
 
-    common.setup(threads, 0)
-    _, _, frozen, tc = common.load_target()
+    _, _, frozen, tc = common.load_target(threads)
     layers = list(common.LAYER_IDS)
     folder = work / "heldout" / "gsm8k"
     recs = S.load_records(S.shard_paths(folder), S.stored_layer_ids(folder), layers, tc.hidden_size)

@@ -11,7 +11,7 @@ import torch
 from drafter_builder import prompts as P
 from drafter_builder import shards as S
 from drafter_builder.cli import common
-from drafter_builder.cli.common import DATA, HELDOUT_SETS, LAYER_IDS, SEED, THREADS, WORK
+from drafter_builder.cli.common import DATA, HELDOUT_SETS, LAYER_IDS, MAX_NEW_TOKENS, SEED, THREADS, WORK
 from drafter_builder.recipe import pool_counts, shipped_prompts
 from perf.datasets import MBPP_TRAINING_IDS, NAMED_SETS
 from runtime.loader import encode_prompt
@@ -43,7 +43,7 @@ _MBPP_IDS = f"{MBPP_TRAINING_IDS.start}-{MBPP_TRAINING_IDS.stop - 1}"
 @click.option("--alpaca", type=int, default=0, show_default=True, help="Alpaca prompts (CC BY-NC: head becomes research-only).")
 @click.option("--code-alpaca", type=int, default=0, show_default=True, help="CodeAlpaca prompts (CC BY-NC: research-only).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Generation batch size.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+@MAX_NEW_TOKENS
 @click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
 @click.option("--name", default=None, help="Data run folder under --work/train (default seed<SEED>); "
               "another name adds a separate run beside it.")
@@ -64,8 +64,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
          alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None,
          skip_seen: bool, skip_shipped: bool, dtype: str, device: str) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
-    common.setup(threads, seed)
-    hf, tok, _, _ = common.load_target()
+    hf, tok, _, _ = common.load_target(threads, seed)
     hf = hf.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     written: list[str] = []
     if self_chat_file is not None:
@@ -107,11 +106,10 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
 @DATA
 @THREADS
 @click.option("--count", type=int, default=40, show_default=True, help="Prompts per evaluation set.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+@MAX_NEW_TOKENS
 def heldout(work: Path, data_dir: Path, threads: int, count: int, max_new_tokens: int) -> None:
     """Target greedy continuations of the first prompts of GSM8K test, HumanEval, MT-Bench."""
-    common.setup(threads, 0)
-    hf, tok, _, _ = common.load_target()
+    hf, tok, _, _ = common.load_target(threads)
     for name in HELDOUT_SETS:
         meta = S.build_dataset(hf, tok, common.heldout_prompts(data_dir, name, count), LAYER_IDS,
                                work / "heldout" / name, 32, max_new_tokens, float("inf"))

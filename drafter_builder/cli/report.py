@@ -78,8 +78,7 @@ def format_report(res: dict) -> str:
 def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: Path | None, plot: Path | None,
            training_curve: Path | None) -> None:
     """Greedy replay of held-out prompts: committed round length R per domain and method."""
-    common.setup(threads, 0)
-    _, _, frozen, target_cfg = common.load_target()
+    _, _, frozen, target_cfg = common.load_target(threads)
     drafter = load_drafter(checkpoint, target_cfg)
     heldout_recs = _heldout_records(work, list(drafter.config.target_layer_ids), target_cfg.hidden_size, prompts)
     start = time.monotonic()
@@ -113,8 +112,7 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
 def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: int, json_path: Path | None) -> None:
     """Over- or under-fitting: teacher-forced tau per data run on sequences the head trained on
     beside held-out sequences of the same run. A wide gap means more data pays; none, a wider head."""
-    common.setup(threads, 0)
-    _, _, frozen, target_cfg = common.load_target()
+    _, _, frozen, target_cfg = common.load_target(threads)
     drafter = load_drafter(checkpoint, target_cfg)
     train_paths, val_paths = S.split_shards(work / "train", val_shards)
     stored, layer_ids = S.stored_layer_ids(work / "train"), list(drafter.config.target_layer_ids)
@@ -189,8 +187,7 @@ def write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
 @VAL_SHARDS
 def calibrate(work: Path, threads: int, checkpoint: Path, val_shards: int) -> None:
     """Fit the plug-in mass calibration (acceptance ~= rho ** beta) on the validation split."""
-    common.setup(threads, 0)
-    _, _, frozen, target_cfg = common.load_target()
+    _, _, frozen, target_cfg = common.load_target(threads)
     layer_ids = list(load_drafter(checkpoint, target_cfg).config.target_layer_ids)
     _, val_paths = S.split_shards(work / "train", val_shards)
     records = S.load_records(val_paths, S.stored_layer_ids(work / "train"), layer_ids, target_cfg.hidden_size)

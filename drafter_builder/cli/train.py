@@ -18,7 +18,7 @@ from drafter_builder import train as T
 from drafter_builder.cli import common
 from drafter_builder.cli.report import store_calibration, write_calibration
 from drafter_builder.cli.common import LAYER_IDS, MASK_TOKEN_ID, SEED, THREADS, VAL_SHARDS, WORK
-from runtime.drafter import DEFAULT_DRAFTER
+from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter, save_drafter, with_draft_vocab, with_layers
 from runtime.drafter import vocab as V
 
 STATE_NAME = "trainer_state.pt"
@@ -36,8 +36,6 @@ def _draft_vocab(paths: list[Path], target_cfg, size: int, eos_ids: list[int]) -
 
 def _save_shipped(drafter, out: Path, info: dict) -> None:
     """fp16 weights (load_drafter upcasts to the runtime dtype; d2t stays int64) + provenance."""
-    from runtime.drafter import save_drafter
-
     save_drafter(copy.deepcopy(drafter).half(), out)
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
 
@@ -90,8 +88,6 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
           kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool,
           device: str, init_from: Path | None, grow_layers: int | None, schedule_from_min: float) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
-    from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab, with_layers
-
     ckpt, state_path = work / "checkpoint", work / STATE_NAME
     resuming = resume and state_path.is_file()
     if init_from is not None and resuming:
@@ -105,8 +101,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     if not 0 <= schedule_from_min < train_minutes:
         raise click.UsageError(f"--schedule-from-min must lie in [0, --train-minutes={train_minutes}), "
                                f"got {schedule_from_min}")
-    common.setup(threads, seed)
-    _, tok, frozen, target_cfg = common.load_target()
+    _, tok, frozen, target_cfg = common.load_target(threads, seed)
     layer_ids = [int(i) for i in draft_layer_ids.split(",")]
     train_paths, val_paths = S.split_shards(work / "train", val_shards)
     stored = S.stored_layer_ids(work / "train")
