@@ -59,10 +59,9 @@ _MBPP_IDS = f"{MBPP_TRAINING_IDS.start}-{MBPP_TRAINING_IDS.stop - 1}"
                    "drafter_builder.data_dtype); its greedy "
                    "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
                    "its taps as well as fp32 ones (train-drafter README). fp32 = the exact target.")
-def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
-         mbpp_doctest: int, stdlib_function: int, stdlib_method: int, self_chat: int, self_chat_file: Path | None,
-         alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None,
-         skip_seen: bool, skip_shipped: bool, dtype: str, device: str) -> None:
+def data(work: Path, data_dir: Path, seed: int, threads: int, self_chat: int, self_chat_file: Path | None,
+         batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool,
+         skip_shipped: bool, dtype: str, device: str, **pools: int) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
     hf, tok, _, _ = common.load_target(threads, seed)
     hf = hf.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
@@ -77,9 +76,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
             work.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(P.sample_self_prompts(hf, tok, self_chat, seed, batch_size), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = pool_counts(dict(gsm8k=gsm8k, gsm8k_stub=gsm8k_stub, mbpp=mbpp, mbpp_stub=mbpp_stub,
-                              mbpp_doctest=mbpp_doctest, stdlib_function=stdlib_function, stdlib_method=stdlib_method,
-                              self_chat=len(written), alpaca=alpaca, code_alpaca=code_alpaca))
+    counts = pool_counts({**pools, "self_chat": len(written)})  # pools: the other pool options (--gsm8k, ...)
     prompts = P.load_prompts(data_dir, counts, seed, written)
     evaluation = [p for name in NAMED_SETS for _, p in common.heldout_prompts(data_dir, name, None)]
     kept = set(P.drop_contaminated([p for _, p in prompts], evaluation))
