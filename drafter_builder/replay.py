@@ -50,23 +50,22 @@ class AnchorScores:
 
 
 @torch.no_grad()
-def score_anchors(
-    drafter: Any, target: FrozenTarget, rec: dict[str, Any], rank_cap: int = 8, chunk: int = 32
-) -> AnchorScores:
-    """Top-`rank_cap` marginals of the block at every anchor p in [prompt_len, T-2]."""
+def score_anchors(drafter: Any, target: FrozenTarget, rec: dict[str, Any], rank_cap: int = 8, chunk: int = 32
+                  ) -> AnchorScores:
+    """Top-`rank_cap` marginals of the block at every anchor p in [prompt_len, T-2] (run where
+    the target's weights are; the record may sit on the CPU)."""
     rotary, head = drafter.config.rotary(), DraftHead(target.lm_head_weight, drafter.d2t)
-    ids, taps = rec["ids"], rec["taps"].float()
-    anchors = torch.arange(rec["prompt_len"], ids.numel() - 1)
+    dev = target.lm_head_weight.device
+    ids, taps = rec["ids"].to(dev), rec["taps"].to(dev).float()
+    anchors = torch.arange(rec["prompt_len"], ids.numel() - 1, device=dev)
     out_ids, out_lp = [], []
     for part in anchors.split(chunk):
         logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part))  # [n, L, Vd]
         lp, top = torch.topk(torch.log_softmax(logits.float(), -1), rank_cap, dim=-1)
         out_ids.append(top if head.target_ids is None else head.target_ids[top])
         out_lp.append(lp)
-    return AnchorScores(
-        ids.numpy().astype(np.int64), int(rec["prompt_len"]),
-        torch.cat(out_ids).numpy(), torch.cat(out_lp).numpy().astype(np.float32),
-    )
+    return AnchorScores(rec["ids"].numpy().astype(np.int64), int(rec["prompt_len"]),
+                        torch.cat(out_ids).cpu().numpy(), torch.cat(out_lp).cpu().numpy().astype(np.float32))
 
 
 def accepted_path(tree: Tree, continuation: np.ndarray) -> list[int]:

@@ -17,12 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from drafter_builder.blocks import (FrozenTarget, block_hidden, block_labels, block_loss, final_tap_columns,
                                     position_weights, sample_anchors, soft_block_loss, target_block_logprobs,
                                     to_draft_labels)
+from drafter_builder.replay import score_anchors
 from runtime.drafter.vocab import DraftHead, target_to_draft
 
 # ---------------------------------------------------------------- loop
@@ -95,9 +97,9 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0)
 
 @torch.enable_grad()  # callers may run under no_grad (e.g. a serving process)
 def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]], cfg: TrainConfig,
-          on_save: Callable[[TrainerState], None] | None = None, evaluate: Callable[[Any], dict[str, Any]] | None = None,
-          state: TrainerState | None = None, *, num_target_layers: int | None = None,
-          run_info: dict[str, Any] | None = None) -> TrainerState:
+          on_save: Callable[[TrainerState], None] | None = None,
+          evaluate: Callable[[Any], dict[str, Any]] | None = None, state: TrainerState | None = None, *,
+          num_target_layers: int | None = None, run_info: dict[str, Any] | None = None) -> TrainerState:
     """Train `drafter` in place until the time box or max_steps; returns the final state.
 
     records: endless (e.g. `shards.stream_records`), streamed from the CPU and moved per step to
@@ -196,30 +198,23 @@ def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]],
 # ---------------------------------------------------------------- acceptance
 
 
-@torch.no_grad()
 def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]], chunk: int = 32) -> dict[str, Any]:
     """Top-1 acceptance per block position over every anchor with a full block of labels.
 
     top1[k]: P(argmax q_k == target greedy token k); chain[k]: P(slots 1..k all match);
     tau: mean accepted chain length per anchor (teacher-forced, every response position).
     """
-    rotary = drafter.config.rotary()
-    head = DraftHead(target.lm_head_weight, drafter.d2t)
-    num_draft = drafter.config.num_draft_positions
-    hits = []
-    device = target.lm_head_weight.device
+    num_draft, hits = drafter.config.num_draft_positions, []
     for rec in records:
-        ids, taps = rec["ids"].to(device), rec["taps"].to(device).float()
-        if ids.numel() - num_draft <= rec["prompt_len"]:
+        full = rec["ids"].numel() - num_draft - rec["prompt_len"]  # anchors with a full block of labels
+        if full <= 0:
             continue  # a response shorter than a block (an early EOS) has no such anchor
-        all_anchors = torch.arange(rec["prompt_len"], ids.numel() - num_draft, device=device)
-        for part in all_anchors.split(chunk):
-            best = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part)).argmax(-1)
-            best = best if head.target_ids is None else head.target_ids[best]
-            hits.append(best == block_labels(ids, part, num_draft))  # [n, L]
+        s = score_anchors(drafter, target, rec, rank_cap=1, chunk=chunk)
+        labels = np.lib.stride_tricks.sliding_window_view(s.ids[s.prompt_len + 1 :], num_draft)[:full]  # [A, L]
+        hits.append(torch.from_numpy(s.topk_ids[:full, :, 0] == labels))
     if not hits:
         raise ValueError("no held-out anchor has a full block of labels; use longer continuations")
-    hit = torch.cat(hits).float().cpu()
+    hit = torch.cat(hits).float()
     chain = hit.cumprod(dim=1)
     return {
         "anchors": hit.shape[0],

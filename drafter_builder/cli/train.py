@@ -49,7 +49,8 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--block-size", type=int, default=16, show_default=True, help="Drafter block size L+1.")
 @click.option("--num-layers", type=int, default=2, show_default=True, help="Drafter layers.")
 @click.option("--intermediate-size", type=int, default=1024, show_default=True, help="Drafter MLP width.")
-@click.option("--draft-layer-ids", default=",".join(map(str, LAYER_IDS)), show_default=True, help="Target layers the head reads.")
+@click.option("--draft-layer-ids", default=",".join(map(str, LAYER_IDS)), show_default=True,
+              help="Target layers the head reads.")
 @click.option("--vocab-size", type=int, default=8192, show_default=True,
               help="Reduced draft vocabulary (most frequent response tokens); 0 = the full target vocabulary.")
 @click.option("--train-minutes", type=float, default=50.0, show_default=True, help="Total time box (all resumed runs).")

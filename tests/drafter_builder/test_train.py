@@ -207,8 +207,8 @@ def test_distillation_steps_move_the_head_toward_the_target_law():
         head, rec = DraftHead(frozen.lm_head_weight, None), records[0]
         anchors = torch.arange(4, 12)
         with torch.no_grad():
-            hidden = block_hidden(drafter, frozen.embed_weight, drafter.config.rotary(), rec["taps"].float(), rec["ids"],
-                          anchors)
+            hidden = block_hidden(drafter, frozen.embed_weight, drafter.config.rotary(), rec["taps"].float(),
+                                  rec["ids"], anchors)
             logp, valid = target_block_logprobs(rec["taps"][:, TINY.hidden_size:].float(), head, anchors, 3)
             q = torch.log_softmax(head.draft_logits(hidden), -1)
         return float(((logp.exp() * (logp - q)).sum(-1) * valid).sum() / valid.sum())
