@@ -13,7 +13,7 @@ import click
 # command name -> "module:attribute" of a click.Command in the package that owns it
 COMMANDS: dict[str, str] = {
     "generate": "runtime.cli:generate",
-    "probe": "engine_builder.probe_cli:probe",
+    "probe": "engine_builder.probe:probe",
     "build": "engine_builder.cli:build",
     "sweep": "perf.cli:sweep",
     "bench": "perf.cli:bench",

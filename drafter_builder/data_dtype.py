@@ -24,7 +24,8 @@ from pathlib import Path
 import click
 import torch
 
-from drafter_builder.cli.common import LAYER_IDS, heldout_prompts  # the stored taps; 29 is the final layer
+from drafter_builder.cli import common
+from drafter_builder.cli.common import DATA, LAYER_IDS, MAX_NEW_TOKENS, THREADS, heldout_prompts
 
 
 @torch.inference_mode()
@@ -43,36 +44,29 @@ def fp32_pass(hf, recs: list[dict]) -> tuple[list[dict], int, int]:
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(__file__).resolve().parents[2] / "shared" / "data", show_default=True, help="Shared data folder.")
+@DATA
 @click.option("--domains", default="humaneval,mt_bench,gsm8k", show_default=True, help="Held-out sets, comma-separated.")
 @click.option("--prompts", type=int, default=32, show_default=True, help="Prompts per domain.")
 @click.option("--batch-size", type=int, default=16, show_default=True,
               help="Prompts per decoding batch; fp32 and bf16 take turns batch by batch.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
-@click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads.")
+@MAX_NEW_TOKENS
+@THREADS
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write JSON.")
 def main(data_dir: Path, domains: str, prompts: int, batch_size: int, max_new_tokens: int, threads: int,
          json_path: Path | None) -> None:
     from drafter_builder import shards as S
     from drafter_builder import train as T
-    from drafter_builder.blocks import FrozenTarget
     from runtime.device import device_name
     from runtime.drafter import DEFAULT_DRAFTER, load_drafter
-    from runtime.loader import load_hf_checkpoint
-    from runtime.model.llama import TargetConfig
+    from runtime.loader import encode_prompt
 
-    torch.set_num_threads(threads)
-    checkpoint = load_hf_checkpoint("embedded", dtype=torch.float32)
-    hf, tok = checkpoint.model, checkpoint.tokenizer
-    hf.requires_grad_(False)
+    hf, tok, frozen, target_cfg = common.load_target(threads)
     models = {"fp32": hf, "bf16": copy.deepcopy(hf).to(torch.bfloat16)}
-    frozen = FrozenTarget.from_hf(hf)
-    drafter = load_drafter(DEFAULT_DRAFTER, TargetConfig.from_hf(hf.config))
+    drafter = load_drafter(DEFAULT_DRAFTER, target_cfg)
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
     rows = {}
     for k, name in enumerate(domains.split(",")):
-        ids = [S.chat_ids(tok, p) for _, p in heldout_prompts(data_dir, name, prompts)]
+        ids = [encode_prompt(tok, p, chat=True) for _, p in heldout_prompts(data_dir, name, prompts)]
         recs, seconds = {"fp32": [], "bf16": []}, {"fp32": 0.0, "bf16": 0.0}
         for j in range(0, len(ids), batch_size):  # interleaved batches: machine noise hits both alike
             for dtype in (("fp32", "bf16") if (k + j // batch_size) % 2 == 0 else ("bf16", "fp32")):

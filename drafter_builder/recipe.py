@@ -1,7 +1,7 @@
 """The shipped head's recipe, read from `recipe.json`: its phases and their data runs.
 
 The phases are data, not code: `train-drafter recipe` walks them
-(`drafter_builder.cli.recipe`), and `shipped_prompts` draws again every prompt their data
+(`drafter_builder.cli`), and `shipped_prompts` draws again every prompt their data
 runs asked for, so a new run can keep clear of them (`data --skip-shipped`).
 """
 
@@ -14,14 +14,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from drafter_builder.prompts import load_prompts
+from drafter_builder.prompts import PROMPT_SOURCES, load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 RECIPE = Path(__file__).with_name("recipe.json")
-# `data`'s pool options -> prompt pools, in the order `load_prompts` draws them (the order fixes the shuffle)
-POOL_OPTIONS = {"gsm8k": "gsm8k_train", "gsm8k_stub": "gsm8k_stub", "mbpp": "mbpp_train", "mbpp_stub": "mbpp_stub",
-                "mbpp_doctest": "mbpp_doctest", "stdlib_function": "stdlib_function", "stdlib_method": "stdlib_method",
-                "self_chat": "self_chat", "alpaca": "alpaca", "code_alpaca": "code_alpaca"}
+# `data`'s pool options (`--gsm8k` for gsm8k_train, ...) -> prompt pools, in the order `load_prompts` draws
+# them (the order fixes the shuffle)
+POOL_OPTIONS = {name.removesuffix("_train"): name for name in PROMPT_SOURCES}
 
 
 def self_chat_record(seed: int) -> Path:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.tree import Tree, build_chain, build_tree
-from drafter_builder.blocks import FrozenTarget, block_hidden, drafter_rotary
+from drafter_builder.blocks import FrozenTarget, block_hidden
 from runtime.drafter.vocab import DraftHead
 
 TreeRule = Callable[[np.ndarray, np.ndarray], Tree]  # (topk ids [L, K], logprobs [L, K]) -> tree
@@ -50,23 +50,22 @@ class AnchorScores:
 
 
 @torch.no_grad()
-def score_anchors(
-    drafter: Any, target: FrozenTarget, rec: dict[str, Any], rank_cap: int = 8, chunk: int = 32
-) -> AnchorScores:
-    """Top-`rank_cap` marginals of the block at every anchor p in [prompt_len, T-2]."""
-    rotary, head = drafter_rotary(drafter), DraftHead(target.lm_head_weight, drafter.d2t)
-    ids, taps = rec["ids"], rec["taps"].float()
-    anchors = torch.arange(rec["prompt_len"], ids.numel() - 1)
+def score_anchors(drafter: Any, target: FrozenTarget, rec: dict[str, Any], rank_cap: int = 8, chunk: int = 32
+                  ) -> AnchorScores:
+    """Top-`rank_cap` marginals of the block at every anchor p in [prompt_len, T-2] (run where
+    the target's weights are; the record may sit on the CPU)."""
+    rotary, head = drafter.config.rotary(), DraftHead(target.lm_head_weight, drafter.d2t)
+    dev = target.lm_head_weight.device
+    ids, taps = rec["ids"].to(dev), rec["taps"].to(dev).float()
+    anchors = torch.arange(rec["prompt_len"], ids.numel() - 1, device=dev)
     out_ids, out_lp = [], []
     for part in anchors.split(chunk):
         logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part))  # [n, L, Vd]
         lp, top = torch.topk(torch.log_softmax(logits.float(), -1), rank_cap, dim=-1)
         out_ids.append(top if head.target_ids is None else head.target_ids[top])
         out_lp.append(lp)
-    return AnchorScores(
-        ids.numpy().astype(np.int64), int(rec["prompt_len"]),
-        torch.cat(out_ids).numpy(), torch.cat(out_lp).numpy().astype(np.float32),
-    )
+    return AnchorScores(rec["ids"].numpy().astype(np.int64), int(rec["prompt_len"]),
+                        torch.cat(out_ids).cpu().numpy(), torch.cat(out_lp).cpu().numpy().astype(np.float32))
 
 
 def accepted_path(tree: Tree, continuation: np.ndarray) -> list[int]:
@@ -82,11 +81,6 @@ def accepted_path(tree: Tree, continuation: np.ndarray) -> list[int]:
     return path
 
 
-def greedy_accept(tree: Tree, continuation: np.ndarray) -> int:
-    """Length A of the longest tree path equal to the start of `continuation`."""
-    return len(accepted_path(tree, continuation))
-
-
 def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
     """Committed lengths R and tree sizes of every round of one continuation."""
     lengths, sizes = [], []
@@ -94,7 +88,7 @@ def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
     while p < end:
         a = p - scores.prompt_len
         tree = rule(scores.topk_ids[a], scores.topk_logprobs[a])
-        accepted = greedy_accept(tree, scores.ids[p + 1 :])
+        accepted = len(accepted_path(tree, scores.ids[p + 1 :]))
         r = min(accepted + 1, end - p)
         lengths.append(r)
         sizes.append(tree.size)
@@ -129,7 +123,7 @@ def first_rejection_ranks(all_scores: list[AnchorScores]) -> dict[str, float]:
         p, end = s.prompt_len, len(s.ids) - 1
         while p < end:
             a, block = p - s.prompt_len, s.topk_ids[p - s.prompt_len]
-            accepted = greedy_accept(chain_rule(block, s.topk_logprobs[a]), s.ids[p + 1 :])
+            accepted = len(accepted_path(chain_rule(block, s.topk_logprobs[a]), s.ids[p + 1 :]))
             if accepted < block.shape[0] and p + accepted + 1 <= end:
                 where = np.flatnonzero(block[accepted] == s.ids[p + accepted + 1])
                 ranks.append(int(where[0]) + 1 if where.size else block.shape[1] + 1)

@@ -19,78 +19,45 @@ import torch
 from tqdm import tqdm
 
 from drafter_builder.prompts import PROMPT_SOURCES
+from runtime.loader import encode_prompt
 
 # ---------------------------------------------------------------- target data
 
 
-def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 @torch.inference_mode()
-def generate_shard(
-    model: Any,  # HF causal LM (frozen target)
-    prompt_ids: Sequence[list[int]],
-    layer_ids: Sequence[int],
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-) -> list[dict[str, torch.Tensor]]:
-    """Batched greedy continuation + taps of every token but the last.
+def generate_shard(model: Any, prompt_ids: Sequence[list[int]], layer_ids: Sequence[int], max_new_tokens: int,
+                   eos_id: int, pad_id: int) -> list[dict[str, torch.Tensor]]:
+    """Batched greedy continuation (`model`: the frozen HF target) + taps of every token but the last.
 
     Returns per sequence {"ids": [T] int32, "prompt_len": int, "taps": [T-1, F] fp16},
     with the response cut after the first EOS (EOS kept as a label).
     """
-    batch = len(prompt_ids)
-    width = max(len(p) for p in prompt_ids)
+    batch, width = len(prompt_ids), max(len(p) for p in prompt_ids)
     ids = torch.full((batch, width), pad_id, dtype=torch.long)
     attn = torch.zeros((batch, width), dtype=torch.long)
     for i, p in enumerate(prompt_ids):  # left padding
         ids[i, width - len(p) :] = torch.tensor(p)
         attn[i, width - len(p) :] = 1
-    out = model.generate(
-        input_ids=ids.to(model.device),
-        attention_mask=attn.to(model.device),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        output_hidden_states=True,
-        return_dict_in_generate=True,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-    )
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device),
+                         max_new_tokens=max_new_tokens, do_sample=False, output_hidden_states=True,
+                         return_dict_in_generate=True, pad_token_id=pad_id, eos_token_id=eos_id)
     # hidden_states[step][layer+1]: [B, width, H] at step 0, [B, 1, H] after
-    taps = torch.cat(
-        [torch.cat([step[i + 1] for i in layer_ids], dim=-1) for step in out.hidden_states], dim=1
-    )  # [B, width + steps - 1, F]
+    taps = torch.cat([torch.cat([step[i + 1] for i in layer_ids], dim=-1) for step in out.hidden_states],
+                     dim=1)  # [B, width + steps - 1, F]
     gen = out.sequences[:, width:].cpu()  # [B, steps]
     records = []
     for b, p in enumerate(prompt_ids):
         resp = gen[b].tolist()
         if eos_id in resp:
             resp = resp[: resp.index(eos_id) + 1]
-        seq = list(p) + resp
-        lo = width - len(p)
-        records.append(
-            {
-                "ids": torch.tensor(seq, dtype=torch.int32),
-                "prompt_len": len(p),
-                "taps": taps[b, lo : lo + len(seq) - 1].to("cpu", torch.float16).clone(),
-            }
-        )
+        seq, lo = list(p) + resp, width - len(p)
+        records.append({"ids": torch.tensor(seq, dtype=torch.int32), "prompt_len": len(p),
+                        "taps": taps[b, lo : lo + len(seq) - 1].to("cpu", torch.float16).clone()})
     return records
 
 
-def build_dataset(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[tuple[str, str]],
-    layer_ids: Sequence[int],
-    out_dir: Path,
-    batch_size: int,
-    max_new_tokens: int,
-    budget_s: float,
-) -> dict[str, Any]:
+def build_dataset(model: Any, tokenizer: Any, prompts: Sequence[tuple[str, str]], layer_ids: Sequence[int],
+                  out_dir: Path, batch_size: int, max_new_tokens: int, budget_s: float) -> dict[str, Any]:
     """Write shards `shard_#####.pt` + `meta.json` under out_dir until prompts or time run out.
 
     Prompts are sorted by length inside each batch-sized window so that left padding
@@ -105,7 +72,7 @@ def build_dataset(
     before = out_dir / "meta.json"
     earlier_s = json.loads(before.read_text())["seconds"] if before.is_file() else 0.0
     eos, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
-    encoded = [(name, chat_ids(tokenizer, p)) for name, p in prompts]
+    encoded = [(name, encode_prompt(tokenizer, p, chat=True)) for name, p in prompts]
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     bar = tqdm(batches, desc="target greedy data", unit="batch")
     generating = 0.0
@@ -130,16 +97,11 @@ def build_dataset(
         done += len(recs)
         tokens += sum(len(r["ids"]) - r["prompt_len"] for r in recs)
         bar.set_postfix(seqs=done, resp_tokens=tokens)
-    meta = {
-        "sequences": done,
-        "response_tokens": tokens,
-        "sources": used,
-        "licences": {name: PROMPT_SOURCES[name].licence for name in used if name in PROMPT_SOURCES},
-        "layer_ids": list(layer_ids),
-        "max_new_tokens": max_new_tokens,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),  # of the decoding target
-        "seconds": round(earlier_s + generating, 1),  # generation time over all runs
-    }
+    meta = {"sequences": done, "response_tokens": tokens, "sources": used,
+            "licences": {name: PROMPT_SOURCES[name].licence for name in used if name in PROMPT_SOURCES},
+            "layer_ids": list(layer_ids), "max_new_tokens": max_new_tokens,
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),  # of the decoding target
+            "seconds": round(earlier_s + generating, 1)}  # generation time over all runs
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -206,10 +168,8 @@ def load_records(paths: Sequence[Path], stored_ids: Sequence[int], wanted_ids: S
     return [{**r, "taps": r["taps"][:, cols].contiguous()} for path in paths for r in torch.load(path)]
 
 
-def stream_records(
-    paths: Sequence[Path], stored_ids: Sequence[int], wanted_ids: Sequence[int], hidden: int, seed: int,
-    shards_in_memory: int = 8,
-) -> Iterator[dict[str, Any]]:
+def stream_records(paths: Sequence[Path], stored_ids: Sequence[int], wanted_ids: Sequence[int], hidden: int,
+                   seed: int, shards_in_memory: int = 8) -> Iterator[dict[str, Any]]:
     """Endless shuffled records, read from disk `shards_in_memory` shards at a time.
 
     Each epoch reshuffles the shard order and the records inside each group, so memory

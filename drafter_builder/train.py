@@ -2,9 +2,8 @@
 
 Data: `drafter_builder.shards` (target greedy continuations + taps, fp16 shards). Each
 step samples blocks of a few sequences (`drafter_builder.blocks`), runs them through the
-head in one pass, and steps AdamW on the position-decayed block loss
-(`drafter_builder.loss`; optional distillation, `kd_weight`). Target embeddings and
-lm_head stay frozen. Optional bf16 autocast.
+head in one pass, and steps AdamW on the position-decayed block loss (also `blocks`;
+optional distillation, `kd_weight`). Target embeddings and lm_head stay frozen. Optional bf16 autocast.
 
 Checkpoints: `TrainerState` (optimizer, step, elapsed wall time, generator state) is
 saved beside the weights, so a run resumes where it stopped and its cosine schedule
@@ -13,17 +12,19 @@ saved beside the weights, so a run resumes where it stopped and its cosine sched
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from drafter_builder.blocks import FrozenTarget, block_hidden, block_labels, drafter_rotary, sample_anchors, to_draft_labels
-from drafter_builder.loss import block_loss, final_tap_columns, position_weights, soft_block_loss, target_block_logprobs
+from drafter_builder.blocks import (FrozenTarget, block_hidden, block_labels, block_loss, final_tap_columns,
+                                    position_weights, sample_anchors, soft_block_loss, target_block_logprobs,
+                                    to_draft_labels)
+from drafter_builder.replay import score_anchors
 from runtime.drafter.vocab import DraftHead, target_to_draft
 
 # ---------------------------------------------------------------- loop
@@ -78,10 +79,6 @@ class TrainerState:
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
-    @staticmethod
-    def from_dict(raw: dict[str, Any]) -> "TrainerState":
-        return TrainerState(**raw)
-
 
 def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0) -> float:
     """Linear warm-up, then a cosine over the elapsed share of the whole time box. A resumed
@@ -98,27 +95,17 @@ def _lr_at(cfg: TrainConfig, step: int, elapsed: float, run_start_step: int = 0)
     return lr
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.autocast_bf16 else contextlib.nullcontext()
-
-
 @torch.enable_grad()  # callers may run under no_grad (e.g. a serving process)
-def train(
-    drafter: Any,
-    target: FrozenTarget,
-    records: Iterator[dict[str, Any]],  # endless, e.g. shards.stream_records
-    cfg: TrainConfig,
-    on_save: Callable[[TrainerState], None] | None = None,
-    evaluate: Callable[[Any], dict[str, Any]] | None = None,  # drafter -> {"tau": ...}
-    state: TrainerState | None = None,
-    *,
-    num_target_layers: int | None = None,  # needed when cfg.kd_weight > 0 (locates the final-layer tap)
-    run_info: dict[str, Any] | None = None,  # recorded with this run in state.runs (e.g. its data)
-) -> TrainerState:
+def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]], cfg: TrainConfig,
+          on_save: Callable[[TrainerState], None] | None = None,
+          evaluate: Callable[[Any], dict[str, Any]] | None = None, state: TrainerState | None = None, *,
+          num_target_layers: int | None = None, run_info: dict[str, Any] | None = None) -> TrainerState:
     """Train `drafter` in place until the time box or max_steps; returns the final state.
 
-    Runs where the target's weights are (`target.lm_head_weight.device`; the drafter must be
-    there too); records stream from the CPU and are moved per step."""
+    records: endless (e.g. `shards.stream_records`), streamed from the CPU and moved per step to
+    where the target's weights are (`target.lm_head_weight.device`; the drafter must be there
+    too); evaluate: drafter -> {"tau": ...}; num_target_layers: needed when cfg.kd_weight > 0
+    (locates the final-layer tap); run_info: recorded with this run in state.runs (e.g. its data)."""
     state = state or TrainerState()
     state.runs.append({"step": state.step, "seconds": round(state.elapsed_s, 1), **(run_info or {}),
                        "train_config": {k: getattr(cfg, k) for k in cfg.__slots__}})
@@ -126,7 +113,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed)
     if state.generator is not None:
         gen.set_state(state.generator)
-    rotary = drafter_rotary(drafter)
+    rotary = drafter.config.rotary()
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     t2d = None if drafter.d2t is None else target_to_draft(head.target_ids, head.vocab_size)
     device = target.lm_head_weight.device
@@ -173,7 +160,7 @@ def train(
             anchors = sample_anchors(rec["prompt_len"], ids.numel(), cfg.anchors_per_seq, gen).to(device)
             if anchors.numel() == 0:
                 continue
-            with _autocast(cfg, device):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
                 logits = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, anchors))
             labels = to_draft_labels(block_labels(ids, anchors, logits.shape[1]), t2d)
             loss = block_loss(logits, labels, weights)
@@ -211,30 +198,23 @@ def train(
 # ---------------------------------------------------------------- acceptance
 
 
-@torch.no_grad()
 def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]], chunk: int = 32) -> dict[str, Any]:
     """Top-1 acceptance per block position over every anchor with a full block of labels.
 
     top1[k]: P(argmax q_k == target greedy token k); chain[k]: P(slots 1..k all match);
     tau: mean accepted chain length per anchor (teacher-forced, every response position).
     """
-    rotary = drafter_rotary(drafter)
-    head = DraftHead(target.lm_head_weight, drafter.d2t)
-    num_draft = drafter.config.num_draft_positions
-    hits = []
-    device = target.lm_head_weight.device
+    num_draft, hits = drafter.config.num_draft_positions, []
     for rec in records:
-        ids, taps = rec["ids"].to(device), rec["taps"].to(device).float()
-        if ids.numel() - num_draft <= rec["prompt_len"]:
+        full = rec["ids"].numel() - num_draft - rec["prompt_len"]  # anchors with a full block of labels
+        if full <= 0:
             continue  # a response shorter than a block (an early EOS) has no such anchor
-        all_anchors = torch.arange(rec["prompt_len"], ids.numel() - num_draft, device=device)
-        for part in all_anchors.split(chunk):
-            best = head.draft_logits(block_hidden(drafter, target.embed_weight, rotary, taps, ids, part)).argmax(-1)
-            best = best if head.target_ids is None else head.target_ids[best]
-            hits.append(best == block_labels(ids, part, num_draft))  # [n, L]
+        s = score_anchors(drafter, target, rec, rank_cap=1, chunk=chunk)
+        labels = np.lib.stride_tricks.sliding_window_view(s.ids[s.prompt_len + 1 :], num_draft)[:full]  # [A, L]
+        hits.append(torch.from_numpy(s.topk_ids[:full, :, 0] == labels))
     if not hits:
         raise ValueError("no held-out anchor has a full block of labels; use longer continuations")
-    hit = torch.cat(hits).float().cpu()
+    hit = torch.cat(hits).float()
     chain = hit.cumprod(dim=1)
     return {
         "anchors": hit.shape[0],

@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 import click
-import torch
+
+from drafter_builder.cli import common
+from drafter_builder.cli.common import MASK_TOKEN_ID, WORK
 
 
 @click.command()
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/dflash_train"),
-              show_default=True, help="train-drafter work folder (its heldout/gsm8k records are used).")
+@WORK  # its heldout/gsm8k records are used
 @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
 @click.option("--steps", type=int, default=6, show_default=True, help="Timed steps per config per round.")
 @click.option("--rounds", type=int, default=3, show_default=True, help="Interleaved rounds (median over rounds).")
@@ -29,16 +30,11 @@ import torch
 def main(work: Path, threads: int, steps: int, rounds: int, json_path: Path | None) -> None:
     from drafter_builder import shards as S
     from drafter_builder import train as T
-    from drafter_builder.blocks import FrozenTarget
     from runtime.drafter import random_drafter
     from runtime.drafter import vocab as V
-    from runtime.loader import load_hf_checkpoint
-    from runtime.model.llama import TargetConfig
 
-    torch.set_num_threads(threads)
-    hf = load_hf_checkpoint("embedded", dtype=torch.float32).model
-    frozen, tc = FrozenTarget.from_hf(hf), TargetConfig.from_hf(hf.config)
-    layers = [1, 8, 15, 22, 29]
+    _, _, frozen, tc = common.load_target(threads)
+    layers = list(common.LAYER_IDS)
     folder = work / "heldout" / "gsm8k"
     recs = S.load_records(S.shard_paths(folder), S.stored_layer_ids(folder), layers, tc.hidden_size)
     responses = [r["ids"][r["prompt_len"] :] for r in recs]
@@ -54,7 +50,7 @@ def main(work: Path, threads: int, steps: int, rounds: int, json_path: Path | No
     for _ in range(rounds):
         for name, (size, bf16, anchors) in configs.items():
             ids = None if size is None else V.frequent_ids(responses, tc.vocab_size, size)
-            drafter = random_drafter(tc, block_size=16, target_layer_ids=layers, mask_token_id=16,
+            drafter = random_drafter(tc, block_size=16, target_layer_ids=layers, mask_token_id=MASK_TOKEN_ID,
                                      intermediate_size=1024, draft_vocab_ids=ids)
             cfg = T.TrainConfig(budget_s=1e9, anchors_per_seq=anchors, seqs_per_step=2, max_steps=1 + steps,
                                 autocast_bf16=bf16, warmup_steps=1)

@@ -28,11 +28,10 @@ from engine_builder.skus import SkuSpec, load_sku
 from plugins.tree_attention.aot import AOT_ARCHS, KernelSpec, compile_kernel
 from plugins.tree_attention.trt_plugin import tensorrt_status
 from runtime.drafter.checkpoint import load_drafter
+from runtime.engine.engine_dir import MANIFEST_NAME
 from runtime.model.llama import LlamaTarget
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 VERIFY_FILES = {"onnx": "verify_onnx.onnx", "plugin": "verify_plugin.onnx"}
 
 
@@ -59,14 +58,6 @@ class BuildResult:
     manifest: dict[str, Any]
     engines_built: bool
     message: str  # what was built, or why the engines were not
-
-
-def load_target(source: str, dtype: torch.dtype) -> tuple[LlamaTarget, str]:
-    """(target forward on CPU in `dtype`, display name) for --target (the one loader)."""
-    from runtime.loader import load_models
-
-    loaded = load_models(source, "none", "cpu", dtype)
-    return loaded.target, loaded.name
 
 
 def plugin_ptx(spec: SkuSpec, target: LlamaTarget, words: int, out: Path) -> dict[str, Any]:
@@ -130,15 +121,18 @@ def _versions() -> dict[str, str | None]:
 def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: None,
           try_engines: bool = True) -> BuildResult:
     """Export, write the manifest, and build engines if `try_engines` and TensorRT imports."""
+    from runtime.loader import load_models
+
     spec = load_sku(request.sku)
     out = Path(request.out)
     out.mkdir(parents=True, exist_ok=True)
     progress(f"loading target {request.target!r} in {spec.dtype}")
-    target, target_name = load_target(request.target, DTYPES[spec.dtype])
+    loaded = load_models(request.target, "none", "cpu", getattr(torch, spec.dtype))
+    target, target_name = loaded.target, loaded.name
     full_layers = target.config.num_layers
     drafter = None
     if request.drafter is not None:  # checked against the full target it was trained for
-        drafter = load_drafter(request.drafter, target.config, dtype=DTYPES[spec.dtype])
+        drafter = load_drafter(request.drafter, target.config, dtype=getattr(torch, spec.dtype))
     if request.num_layers is not None and request.num_layers < full_layers:
         target = ox.truncate_target(target, request.num_layers)
         dropped = [i for i in (drafter.config.target_layer_ids if drafter else ()) if i >= request.num_layers]
@@ -194,8 +188,6 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
     }
     status = tensorrt_status() if try_engines else "skipped (ONNX-only build)"
     if status is None and "verify_plugin" in graphs:
-        from engine_builder.trt_engines import build_engines
-
         progress("building TensorRT engines")
         manifest["engines"] = build_engines(out, manifest, progress)
         message = f"built {len(manifest['engines'])} TensorRT engines in {out}"
@@ -208,3 +200,50 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
     path = out / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return BuildResult(path, manifest, bool(manifest["engines"]), message)
+
+
+ENGINE_GRAPHS = {"verify_plugin": "verify", "draft": "draft", "context": "context"}  # graph -> engine / profiles
+
+
+def build_engines(out: Path, manifest: dict[str, Any], progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """TensorRT (>= 10.9) engines from the exported graphs. UNVALIDATED: no machine of this
+    project has had TensorRT; what it consumes is checked on CPU (graphs in onnxruntime /
+    onnx's reference evaluator, the manifest's profiles, the plugin's AOT PTX), and this only
+    hands them to TensorRT's ONNX parser and builder. The verify engine parses
+    `verify_plugin.onnx` (`cast::tree_attention` resolves to the plugin `register_plugin`
+    registers) with ONE optimization profile per width bucket, in bucket order (the runtime
+    selects profile i for packs in bucket i); draft and context get one each. Networks are
+    strongly typed: precision comes from the graph (exported in the SKU dtype)."""
+    import tensorrt as trt
+
+    from plugins.tree_attention.trt_plugin import register_plugin
+
+    register_plugin()
+    logger = trt.Logger(trt.Logger.WARNING)
+    engines = []
+    for graph, profile_key in ENGINE_GRAPHS.items():
+        if graph not in manifest["graphs"]:
+            continue
+        onnx_path = out / manifest["graphs"][graph]["file"]
+        builder = trt.Builder(logger)
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(onnx_path)):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise RuntimeError(f"TensorRT could not parse {onnx_path.name}: {errors}")
+        config = builder.create_builder_config()
+        profiles = manifest["optimization_profiles"][profile_key]
+        for record in profiles:
+            profile = builder.create_optimization_profile()
+            for name, shape in record["shapes"].items():
+                profile.set_shape(name, shape["min"], shape["opt"], shape["max"])
+            config.add_optimization_profile(profile)
+        progress(f"building {graph} engine ({len(profiles)} optimization profiles)")
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise RuntimeError(f"TensorRT failed to build the {graph} engine (see the log above)")
+        path = out / f"{profile_key}.engine"
+        path.write_bytes(bytes(serialized))
+        engines.append({"graph": graph, "file": path.name, "bytes": path.stat().st_size,
+                        "profiles": [r.get("bucket") for r in profiles]})
+    return engines

@@ -34,6 +34,14 @@ PAPER_FIT_RANGE = (16, 128)  # §3.1: "Over n in [16, 128] a linear fit ..."
 APPENDIX_F_DRAFTER = "drafter forward 3.2 ms at batch 1 (paper Appendix F)"
 
 
+def _paper(gpu: str, target: str, packed: list[int], latency_ms: dict, source: str, notes: str,
+           device: str | None = None, fit_range: tuple[int, int] = PAPER_FIT_RANGE, **extra) -> WidthProfile:
+    """A bf16 reference profile of the paper's `source`, one bucket per published packed count."""
+    return build_profile(sku=SKU[gpu], device=device or gpu, target=target, dtype="bfloat16", packed_counts=packed,
+                         latency_ms=latency_ms, provenance=Provenance(f"reference: CAST paper {source}", notes=notes),
+                         fit_range=fit_range, buckets=packed, **extra)
+
+
 def table5(tables: dict) -> dict[str, WidthProfile]:
     t = tables["table5_verify_latency_ms_1k_prefix"]
     drafter_b1 = tables["appendix_F_batch_costs_blackwell_qwen3_8b"]["drafter_forward_ms"]["B=1"]
@@ -45,25 +53,17 @@ def table5(tables: dict) -> dict[str, WidthProfile]:
                  "random packed tokens, 8 warmups, 30 timed iterations.")
         if blackwell_8b:
             notes += f" drafter_ms: {APPENDIX_F_DRAFTER}."
-        out[_name(gpu, target, "table5")] = build_profile(
-            sku=SKU[gpu], device=gpu, target=target, dtype="bfloat16",
-            packed_counts=t["packed_n"], latency_ms={1024: {1: ms}},
-            provenance=Provenance("reference: CAST paper Table 5", notes=notes),
-            fit_range=PAPER_FIT_RANGE, buckets=t["packed_n"],
-            drafter_ms={1: drafter_b1} if blackwell_8b else None)
+        out[_name(gpu, target, "table5")] = _paper(gpu, target, t["packed_n"], {1024: {1: ms}}, "Table 5", notes,
+                                                   drafter_ms={1: drafter_b1} if blackwell_8b else None)
     return out
 
 
 def table6(tables: dict) -> dict[str, WidthProfile]:
     t = tables["table6_h100_sxm_verify_latency_ms_by_prefix"]
-    return {_name("H100 SXM", target, "table6"): build_profile(
-        sku="h100-sxm", device="H100 SXM", target=target, dtype="bfloat16",
-        packed_counts=t["packed_n"],
-        latency_ms={PREFIX[p]: {1: ms} for p, ms in by_prefix.items()},
-        provenance=Provenance("reference: CAST paper Table 6", notes=(
-            "Target-forward latency across KV-prefix lengths (1k/4k/8k/16k stored as "
-            "1024/4096/8192/16384), bf16, batch 1; measured in a session separate from Table 5.")),
-        fit_range=PAPER_FIT_RANGE, buckets=t["packed_n"])
+    notes = ("Target-forward latency across KV-prefix lengths (1k/4k/8k/16k stored as "
+             "1024/4096/8192/16384), bf16, batch 1; measured in a session separate from Table 5.")
+    return {_name("H100 SXM", target, "table6"): _paper(
+        "H100 SXM", target, t["packed_n"], {PREFIX[p]: {1: ms} for p, ms in by_prefix.items()}, "Table 6", notes)
         for target, by_prefix in t["rows"].items()}
 
 
@@ -72,14 +72,11 @@ def table11(tables: dict) -> dict[str, WidthProfile]:
     out = {}
     for label, by_prefix in t["rows"].items():
         target = label.split()[0]  # "Qwen3.6-27B dense hybrid" -> "Qwen3.6-27B"
-        out[_name("Blackwell", target, "table11")] = build_profile(
-            sku="rtx-pro-6000-blackwell", device="Blackwell (RTX PRO 6000 Server)",
-            target=target, dtype="bfloat16", packed_counts=t["packed_n"],
-            latency_ms={PREFIX[p]: {1: ms} for p, ms in by_prefix.items()},
-            provenance=Provenance("reference: CAST paper Table 11", notes=(
-                f"{label}: verify-forward latency, bf16, batch 1, medians of 15 timed forwards "
-                "after 5 warmups, each on an untimed copy of the prefix cache (App. D.1).")),
-            fit_range=PAPER_FIT_RANGE, buckets=t["packed_n"])
+        notes = (f"{label}: verify-forward latency, bf16, batch 1, medians of 15 timed forwards "
+                 "after 5 warmups, each on an untimed copy of the prefix cache (App. D.1).")
+        out[_name("Blackwell", target, "table11")] = _paper(
+            "Blackwell (RTX PRO 6000 Server)", target, t["packed_n"],
+            {PREFIX[p]: {1: ms} for p, ms in by_prefix.items()}, "Table 11", notes)
     return out
 
 
@@ -91,18 +88,15 @@ def appendix_f(tables: dict) -> dict[str, WidthProfile]:
     anchor = table5_rows["Blackwell (RTX PRO 6000 Server), Qwen3-8B"][0]
     rows = {int(k[2:]): [anchor, round(anchor * (1 + float(v.strip("+%")) / 100), 4)]
             for k, v in f["verify_cost_at_W64_over_W1"].items()}
-    return {_name("Blackwell", "Qwen3-8B", "appendix-f"): build_profile(
-        sku="rtx-pro-6000-blackwell", device="Blackwell (RTX PRO 6000 Server)",
-        target="Qwen3-8B", dtype="bfloat16", packed_counts=[1, 64],
-        latency_ms={1024: dict(sorted(rows.items()))},
-        provenance=Provenance("reference: CAST paper Appendix F", notes=(
-            "Dense batched prototype. The paper gives only the verify cost at W=64 per request "
-            "over W=1 (+10%/+79%/+237% at B=1/8/32; W read as packed tokens per request) and "
-            f"the drafter forward (3.2 ms at B=1, 19.3 ms at B=32). Each batch row is anchored "
-            f"at Table 5's batch-1 n=1 latency ({anchor} ms): ratios within a row are the "
-            "paper's, absolute values for B > 1 are NOT measured. Prefix length not stated; "
-            "stored as 1024.")),
-        fit_range=(1, 64), buckets=[1, 64],
+    notes = ("Dense batched prototype. The paper gives only the verify cost at W=64 per request "
+             "over W=1 (+10%/+79%/+237% at B=1/8/32; W read as packed tokens per request) and "
+             f"the drafter forward (3.2 ms at B=1, 19.3 ms at B=32). Each batch row is anchored "
+             f"at Table 5's batch-1 n=1 latency ({anchor} ms): ratios within a row are the "
+             "paper's, absolute values for B > 1 are NOT measured. Prefix length not stated; "
+             "stored as 1024.")
+    return {_name("Blackwell", "Qwen3-8B", "appendix-f"): _paper(
+        "Blackwell", "Qwen3-8B", [1, 64], {1024: dict(sorted(rows.items()))}, "Appendix F", notes,
+        device="Blackwell (RTX PRO 6000 Server)", fit_range=(1, 64),
         drafter_ms={int(k[2:]): v for k, v in f["drafter_forward_ms"].items()})}
 
 

@@ -7,9 +7,8 @@ of the weights. `optimization_profiles` writes those records for the build manif
 
     export_verify(target, "verify.onnx", flavour="onnx", mask_words=4)
 
-The verify graph, the drafter's draft and context graphs and their exporters live in
-`runtime.model.graphs` / `runtime.model.draft_graphs` (the runtime's onnxruntime backends
-export the same graphs); this module adds the manifest records. Exported with `dynamo=False` at opset 18 (BitwiseAnd needs >= 18).
+The graphs and their exporters live in `runtime.model.graphs` / `runtime.model.draft_graphs`
+(the runtime's onnxruntime backends export the same graphs); this module adds the manifest records.
 """
 
 from __future__ import annotations

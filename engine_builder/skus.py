@@ -32,32 +32,25 @@ class SkuSpec:
     notes: str = ""
 
     def __post_init__(self) -> None:
-        where = f"skus/{self.name}.yaml"
-        for name in ("display_name", "notes"):
-            if not isinstance(getattr(self, name), str):
-                raise ValueError(f"{where}: {name}: expected a string")
-        if not self.device_names or not all(isinstance(d, str) and d for d in self.device_names):
-            raise ValueError(f"{where}: device_names: expected a non-empty list of strings")
-        if self.compute_capability is not None and not isinstance(self.compute_capability, str):
-            raise ValueError(f'{where}: compute_capability: expected a quoted string like "9.0" '
-                             f"or null, got {self.compute_capability!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"{where}: dtype: expected one of {DTYPES}, got {self.dtype!r}")
-        for name in ("packed_buckets", "prefix_buckets"):
-            values = getattr(self, name)
-            if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values) \
-                    or values[0] < 1 or any(b <= a for a, b in zip(values, values[1:])):
-                raise ValueError(f"{where}: {name}: expected strictly ascending integers >= 1, "
-                                 f"got {list(values)}")
-        if type(self.max_batch) is not int or self.max_batch < 1:
-            raise ValueError(f"{where}: max_batch: expected an integer >= 1, "
-                             f"got {self.max_batch!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"{where}: cuda_graphs: expected true or false, "
-                             f"got {self.cuda_graphs!r}")
-        if self.cuda_graphs and self.compute_capability is None:
-            raise ValueError(f"{where}: cuda_graphs: a SKU without a compute_capability (CPU) "
-                             "cannot capture CUDA graphs")
+        def require(ok: bool, key: str, expected: str) -> None:
+            if not ok:
+                raise ValueError(f"skus/{self.name}.yaml: {key}: {expected}, got {getattr(self, key)!r}")
+
+        for key in ("display_name", "notes"):
+            require(isinstance(getattr(self, key), str), key, "expected a string")
+        require(bool(self.device_names) and all(isinstance(d, str) and d for d in self.device_names), "device_names",
+                "expected a non-empty list of strings")
+        require(self.compute_capability is None or isinstance(self.compute_capability, str), "compute_capability",
+                'expected a quoted string like "9.0" or null')
+        require(self.dtype in DTYPES, "dtype", f"expected one of {DTYPES}")
+        for key in ("packed_buckets", "prefix_buckets"):
+            v = getattr(self, key)
+            require(bool(v) and all(type(x) is int for x in v) and v[0] >= 1 and all(b > a for a, b in zip(v, v[1:])),
+                    key, "expected strictly ascending integers >= 1")
+        require(type(self.max_batch) is int and self.max_batch >= 1, "max_batch", "expected an integer >= 1")
+        require(isinstance(self.cuda_graphs, bool), "cuda_graphs", "expected true or false")
+        require(not self.cuda_graphs or self.compute_capability is not None, "cuda_graphs",
+                "a SKU without a compute_capability (CPU) cannot capture CUDA graphs")
 
 
 def list_skus() -> list[str]:

@@ -13,6 +13,7 @@ from drafter_builder.recipe import ROOT
 from runtime.drafter import DEFAULT_DRAFTER
 
 LAYER_IDS = (1, 8, 15, 22, 29)  # taps stored in the data shards
+MASK_TOKEN_ID = 16  # <empty_output>: a special token the chat template never emits
 HELDOUT_SETS = ("gsm8k", "humaneval", "mt_bench")  # domains of the acceptance report
 
 WORK = click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/dflash_train"),
@@ -26,21 +27,21 @@ THREADS = click.option("--threads", type=int, default=2, show_default=True, help
 DEVICE = click.option("--device", default="cpu", show_default=True,
                       help="torch device of the target and head (e.g. cuda); shards, checkpoints and the mass "
                            "calibration stay on the CPU.")
+MAX_NEW_TOKENS = click.option("--max-new-tokens", type=int, default=128, show_default=True,
+                              help="Greedy tokens per prompt.")
 VAL_SHARDS = click.option("--val-shards", type=int, default=2, show_default=True,
                           help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 
 
-def setup(threads: int, seed: int) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-
-
-def load_target():
-    """(HF model, tokenizer, FrozenTarget, TargetConfig) of the embedded target, frozen."""
+def load_target(threads: int, seed: int = 0):
+    """(HF model, tokenizer, FrozenTarget, TargetConfig) of the embedded target, frozen, after
+    setting torch's CPU threads and seed."""
     from runtime.loader import load_hf_checkpoint
     from runtime.model.llama import TargetConfig
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
     checkpoint = load_hf_checkpoint("embedded", dtype=torch.float32)
     hf, tok = checkpoint.model, checkpoint.tokenizer
     hf.requires_grad_(False)

@@ -11,9 +11,10 @@ import torch
 from drafter_builder import prompts as P
 from drafter_builder import shards as S
 from drafter_builder.cli import common
-from drafter_builder.cli.common import DATA, HELDOUT_SETS, LAYER_IDS, SEED, THREADS, WORK
+from drafter_builder.cli.common import DATA, HELDOUT_SETS, LAYER_IDS, MAX_NEW_TOKENS, SEED, THREADS, WORK
 from drafter_builder.recipe import pool_counts, shipped_prompts
 from perf.datasets import MBPP_TRAINING_IDS, NAMED_SETS
+from runtime.loader import encode_prompt
 
 _MBPP_IDS = f"{MBPP_TRAINING_IDS.start}-{MBPP_TRAINING_IDS.stop - 1}"
 
@@ -42,7 +43,7 @@ _MBPP_IDS = f"{MBPP_TRAINING_IDS.start}-{MBPP_TRAINING_IDS.stop - 1}"
 @click.option("--alpaca", type=int, default=0, show_default=True, help="Alpaca prompts (CC BY-NC: head becomes research-only).")
 @click.option("--code-alpaca", type=int, default=0, show_default=True, help="CodeAlpaca prompts (CC BY-NC: research-only).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Generation batch size.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+@MAX_NEW_TOKENS
 @click.option("--gen-minutes", type=float, default=27.0, show_default=True, help="Time box of the greedy generation.")
 @click.option("--name", default=None, help="Data run folder under --work/train (default seed<SEED>); "
               "another name adds a separate run beside it.")
@@ -58,13 +59,11 @@ _MBPP_IDS = f"{MBPP_TRAINING_IDS.start}-{MBPP_TRAINING_IDS.stop - 1}"
                    "drafter_builder.data_dtype); its greedy "
                    "tokens equal the fp32 target's on 98-99% of positions (a near-tie may flip) and the head reads "
                    "its taps as well as fp32 ones (train-drafter README). fp32 = the exact target.")
-def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_stub: int, mbpp: int, mbpp_stub: int,
-         mbpp_doctest: int, stdlib_function: int, stdlib_method: int, self_chat: int, self_chat_file: Path | None,
-         alpaca: int, code_alpaca: int, batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None,
-         skip_seen: bool, skip_shipped: bool, dtype: str, device: str) -> None:
+def data(work: Path, data_dir: Path, seed: int, threads: int, self_chat: int, self_chat_file: Path | None,
+         batch_size: int, max_new_tokens: int, gen_minutes: float, name: str | None, skip_seen: bool,
+         skip_shipped: bool, dtype: str, device: str, **pools: int) -> None:
     """Target greedy continuations (+ taps) of the training prompt pools."""
-    common.setup(threads, seed)
-    hf, tok, _, _ = common.load_target()
+    hf, tok, _, _ = common.load_target(threads, seed)
     hf = hf.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     written: list[str] = []
     if self_chat_file is not None:
@@ -77,9 +76,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
             work.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(P.sample_self_prompts(hf, tok, self_chat, seed, batch_size), indent=1))
         written = json.loads(cache.read_text())[:self_chat]
-    counts = pool_counts(dict(gsm8k=gsm8k, gsm8k_stub=gsm8k_stub, mbpp=mbpp, mbpp_stub=mbpp_stub,
-                              mbpp_doctest=mbpp_doctest, stdlib_function=stdlib_function, stdlib_method=stdlib_method,
-                              self_chat=len(written), alpaca=alpaca, code_alpaca=code_alpaca))
+    counts = pool_counts({**pools, "self_chat": len(written)})  # pools: the other pool options (--gsm8k, ...)
     prompts = P.load_prompts(data_dir, counts, seed, written)
     evaluation = [p for name in NAMED_SETS for _, p in common.heldout_prompts(data_dir, name, None)]
     kept = set(P.drop_contaminated([p for _, p in prompts], evaluation))
@@ -94,7 +91,7 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
         prompts = fresh
     if skip_seen:
         seen = S.answered_prompts(work / "train", skip=run_dir)
-        fresh = [(n, p) for n, p in prompts if tuple(S.chat_ids(tok, p)) not in seen]
+        fresh = [(n, p) for n, p in prompts if tuple(encode_prompt(tok, p, chat=True)) not in seen]
         click.echo(f"{len(prompts) - len(fresh)} of {len(prompts)} prompts dropped: another data run answered them")
         prompts = fresh
     meta = S.build_dataset(hf, tok, prompts, LAYER_IDS, run_dir, batch_size, max_new_tokens, gen_minutes * 60)
@@ -106,11 +103,10 @@ def data(work: Path, data_dir: Path, seed: int, threads: int, gsm8k: int, gsm8k_
 @DATA
 @THREADS
 @click.option("--count", type=int, default=40, show_default=True, help="Prompts per evaluation set.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Greedy tokens per prompt.")
+@MAX_NEW_TOKENS
 def heldout(work: Path, data_dir: Path, threads: int, count: int, max_new_tokens: int) -> None:
     """Target greedy continuations of the first prompts of GSM8K test, HumanEval, MT-Bench."""
-    common.setup(threads, 0)
-    hf, tok, _, _ = common.load_target()
+    hf, tok, _, _ = common.load_target(threads)
     for name in HELDOUT_SETS:
         meta = S.build_dataset(hf, tok, common.heldout_prompts(data_dir, name, count), LAYER_IDS,
                                work / "heldout" / name, 32, max_new_tokens, float("inf"))

@@ -1,8 +1,11 @@
-"""`train-drafter report`, `fit` and `curve`: how well a head drafts, and where its training stands.
+"""`train-drafter report`, `fit`, `curve` and `calibrate`: how well a head drafts, where its training stands.
 
-  report  greedy replay of held-out prompts: committed round length R per domain and method
-  fit     teacher-forced tau on trained-on beside held-out sequences of each data run
-  curve   R per domain against training minutes, from `report --json` files
+  report     greedy replay of held-out prompts: committed round length R per domain and method
+  fit        teacher-forced tau on trained-on beside held-out sequences of each data run
+  curve      R per domain against training minutes, from `report --json` files
+  calibrate  the plug-in mass calibration (acceptance ~= rho ** beta) on the validation split: the
+             width rule's g(N) is only as good as the path masses are calibrated (paper Prop. 1);
+             the fitted exponent goes into the head's config.json (`cast_calibration`)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from drafter_builder import shards as S
 from drafter_builder import train as T
 from drafter_builder.cli import common
 from drafter_builder.cli.common import CHECKPOINT, HELDOUT_SETS, THREADS, VAL_SHARDS, WORK
+from runtime.drafter import load_drafter
 
 REPORT_BUDGETS = (3, 7, 15, 31, 63)
 CHAIN_TARGETS = {"gsm8k": 2.0, "humaneval": 2.0, "mt_bench": 1.6}  # the training issue's must-show
@@ -74,10 +78,7 @@ def format_report(res: dict) -> str:
 def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: Path | None, plot: Path | None,
            training_curve: Path | None) -> None:
     """Greedy replay of held-out prompts: committed round length R per domain and method."""
-    from runtime.drafter import load_drafter
-
-    common.setup(threads, 0)
-    _, _, frozen, target_cfg = common.load_target()
+    _, _, frozen, target_cfg = common.load_target(threads)
     drafter = load_drafter(checkpoint, target_cfg)
     heldout_recs = _heldout_records(work, list(drafter.config.target_layer_ids), target_cfg.hidden_size, prompts)
     start = time.monotonic()
@@ -111,10 +112,7 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
 def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: int, json_path: Path | None) -> None:
     """Over- or under-fitting: teacher-forced tau per data run on sequences the head trained on
     beside held-out sequences of the same run. A wide gap means more data pays; none, a wider head."""
-    from runtime.drafter import load_drafter
-
-    common.setup(threads, 0)
-    _, _, frozen, target_cfg = common.load_target()
+    _, _, frozen, target_cfg = common.load_target(threads)
     drafter = load_drafter(checkpoint, target_cfg)
     train_paths, val_paths = S.split_shards(work / "train", val_shards)
     stored, layer_ids = S.stored_layer_ids(work / "train"), list(drafter.config.target_layer_ids)
@@ -157,3 +155,40 @@ def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None
         from perf.plots import plot_learning_curve
 
         plot_learning_curve(points, plot, CHAIN_TARGETS)
+
+
+def store_calibration(folder: Path, fit: dict) -> None:
+    """Put a fitted mass calibration into the config.json (and training.json copy) of `folder`."""
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw["cast_calibration"] = fit
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+    info = folder / "training.json"
+    if info.is_file():  # keep the training record's copy of the config in step
+        record = json.loads(info.read_text())
+        record["drafter_config"] = raw
+        info.write_text(json.dumps(record, indent=2) + "\n")
+    click.echo(f"{folder}: mass calibration {fit}")
+
+
+def write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
+    """Fit the mass calibration of the head in `folder` on `records`; store it in its config.json."""
+    drafter = load_drafter(folder, target_cfg)
+    fit = RP.fit_mass_exponent([RP.score_anchors(drafter, frozen, r) for r in records])
+    fit = {**fit, "fitted_on": f"{len(records)} validation sequences (training pools, held out)"}
+    store_calibration(folder, fit)
+    return fit
+
+
+@click.command("calibrate")
+@WORK
+@THREADS
+@CHECKPOINT
+@VAL_SHARDS
+def calibrate(work: Path, threads: int, checkpoint: Path, val_shards: int) -> None:
+    """Fit the plug-in mass calibration (acceptance ~= rho ** beta) on the validation split."""
+    _, _, frozen, target_cfg = common.load_target(threads)
+    layer_ids = list(load_drafter(checkpoint, target_cfg).config.target_layer_ids)
+    _, val_paths = S.split_shards(work / "train", val_shards)
+    records = S.load_records(val_paths, S.stored_layer_ids(work / "train"), layer_ids, target_cfg.hidden_size)
+    write_calibration(checkpoint, target_cfg, frozen, records)

@@ -16,22 +16,13 @@ import torch
 from drafter_builder import shards as S
 from drafter_builder import train as T
 from drafter_builder.cli import common
-from drafter_builder.cli.calibrate import store_calibration, write_calibration
-from drafter_builder.cli.common import SEED, THREADS, VAL_SHARDS, WORK
-from runtime.drafter import DEFAULT_DRAFTER
+from drafter_builder.cli.report import store_calibration, write_calibration
+from drafter_builder.cli.common import LAYER_IDS, MASK_TOKEN_ID, SEED, THREADS, VAL_SHARDS, WORK
+from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter, save_drafter, with_draft_vocab, with_layers
 from runtime.drafter import vocab as V
 
-MASK_TOKEN_ID = 16  # <empty_output>: a special token the chat template never emits
 STATE_NAME = "trainer_state.pt"
 INHERITED_NAME = "inherited_data.json"  # in the checkpoint: the data record an --init-from head brought along
-
-
-def _rope_theta(config) -> float:
-    """The target's RoPE base (the head uses the same)."""
-    theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
-    if theta is None:
-        raise click.ClickException("the target config has no rope_theta")
-    return float(theta)
 
 
 def _draft_vocab(paths: list[Path], target_cfg, size: int, eos_ids: list[int]) -> tuple[torch.Tensor | None, dict]:
@@ -45,8 +36,6 @@ def _draft_vocab(paths: list[Path], target_cfg, size: int, eos_ids: list[int]) -
 
 def _save_shipped(drafter, out: Path, info: dict) -> None:
     """fp16 weights (load_drafter upcasts to the runtime dtype; d2t stays int64) + provenance."""
-    from runtime.drafter import save_drafter
-
     save_drafter(copy.deepcopy(drafter).half(), out)
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
 
@@ -60,7 +49,8 @@ def _save_shipped(drafter, out: Path, info: dict) -> None:
 @click.option("--block-size", type=int, default=16, show_default=True, help="Drafter block size L+1.")
 @click.option("--num-layers", type=int, default=2, show_default=True, help="Drafter layers.")
 @click.option("--intermediate-size", type=int, default=1024, show_default=True, help="Drafter MLP width.")
-@click.option("--draft-layer-ids", default="1,8,15,22,29", show_default=True, help="Target layers the head reads.")
+@click.option("--draft-layer-ids", default=",".join(map(str, LAYER_IDS)), show_default=True,
+              help="Target layers the head reads.")
 @click.option("--vocab-size", type=int, default=8192, show_default=True,
               help="Reduced draft vocabulary (most frequent response tokens); 0 = the full target vocabulary.")
 @click.option("--train-minutes", type=float, default=50.0, show_default=True, help="Total time box (all resumed runs).")
@@ -99,8 +89,6 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
           kd_weight: float, bf16: bool, eval_every_min: float, val_shards: int, resume: bool, rebuild_vocab: bool,
           device: str, init_from: Path | None, grow_layers: int | None, schedule_from_min: float) -> None:
     """Train the head on --work's shards; checkpoints and resumes."""
-    from runtime.drafter import load_drafter, random_drafter, save_drafter, with_draft_vocab, with_layers
-
     ckpt, state_path = work / "checkpoint", work / STATE_NAME
     resuming = resume and state_path.is_file()
     if init_from is not None and resuming:
@@ -114,8 +102,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     if not 0 <= schedule_from_min < train_minutes:
         raise click.UsageError(f"--schedule-from-min must lie in [0, --train-minutes={train_minutes}), "
                                f"got {schedule_from_min}")
-    common.setup(threads, seed)
-    hf, tok, frozen, target_cfg = common.load_target()
+    _, tok, frozen, target_cfg = common.load_target(threads, seed)
     layer_ids = [int(i) for i in draft_layer_ids.split(",")]
     train_paths, val_paths = S.split_shards(work / "train", val_shards)
     stored = S.stored_layer_ids(work / "train")
@@ -129,7 +116,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
     val_names = [str(p.relative_to(work)) for p in val_paths]
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
     if resuming:
-        drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState.from_dict(torch.load(state_path, weights_only=False))
+        drafter, state = load_drafter(ckpt, target_cfg), T.TrainerState(**torch.load(state_path, weights_only=False))
         vocab_info = json.loads((ckpt / "vocab.json").read_text())
         click.echo(f"resuming at step {state.step} ({state.elapsed_s / 60:.1f} min trained)")
     elif init_from is not None:
@@ -145,11 +132,9 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
             click.echo(f"grown to {grow_layers} layers (the new ones start as identity)")
     else:
         ids, vocab_info = _draft_vocab(train_paths, target_cfg, vocab_size, eos)
-        drafter = random_drafter(
-            target_cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=layer_ids, seed=seed,
-            mask_token_id=MASK_TOKEN_ID, intermediate_size=intermediate_size, rope_theta=_rope_theta(hf.config),
-            draft_vocab_ids=ids,
-        )
+        drafter = random_drafter(target_cfg, num_layers=num_layers, block_size=block_size, target_layer_ids=layer_ids,
+                                 seed=seed, mask_token_id=MASK_TOKEN_ID, intermediate_size=intermediate_size,
+                                 draft_vocab_ids=ids)  # RoPE: the target's
         state = T.TrainerState()
     drafter.config.extra["training_prompt_sources"] = sources  # a resumed or continued head may have new runs
     if rebuild_vocab:

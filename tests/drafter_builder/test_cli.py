@@ -94,7 +94,7 @@ def test_init_from_continues_a_heads_record_with_a_fresh_optimizer(embedded_hf, 
 
     model, tok = embedded_hf
     loaded = (model, tok, FrozenTarget.from_hf(model), TargetConfig.from_hf(model.config))
-    monkeypatch.setattr(common, "load_target", lambda: loaded)
+    monkeypatch.setattr(common, "load_target", lambda threads, seed=0: loaded)
     first, second = tmp_path / "first", tmp_path / "second"
     _two_run_dataset(model, tok, first)
     small = ["--num-layers", "1", "--block-size", "4", "--draft-layer-ids", "1,29", "--vocab-size", "64",

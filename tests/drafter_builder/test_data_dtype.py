@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 
 from drafter_builder.data_dtype import LAYER_IDS, fp32_pass
-from drafter_builder.shards import chat_ids, generate_shard
+from drafter_builder.shards import generate_shard
+from runtime.loader import encode_prompt
 
 
 def test_the_fp32_pass_agrees_with_fp32_greedy_data_and_reproduces_its_taps(embedded_hf):
     model, tok = embedded_hf
-    prompts = [chat_ids(tok, "What is 2 + 3?"), chat_ids(tok, "Name a colour.")]
+    prompts = [encode_prompt(tok, "What is 2 + 3?", chat=True), encode_prompt(tok, "Name a colour.", chat=True)]
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     recs = generate_shard(model, prompts, LAYER_IDS, 6, eos, tok.pad_token_id)
     retapped, agree, total = fp32_pass(model, recs)

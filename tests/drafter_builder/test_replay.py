@@ -10,11 +10,11 @@ from cast_trtllm.tree import build_tree
 from drafter_builder.blocks import FrozenTarget
 from drafter_builder.replay import (
     AnchorScores,
+    accepted_path,
     budget_rule,
     chain_rule,
     depth1_reliability,
     first_rejection_ranks,
-    greedy_accept,
     mle_exponent,
     node_hits,
     replay,
@@ -30,12 +30,12 @@ def _scores(ids, prompt_len, topk_ids, topk_lp):
     return AnchorScores(np.array(ids), prompt_len, np.array(topk_ids), np.log(np.array(topk_lp, dtype=np.float32)))
 
 
-def test_greedy_accept_follows_matching_children_only():
+def test_accepted_path_follows_matching_children_only():
     # block of 2 positions, K=2: depth-1 candidates (7, 8), depth-2 candidates (9, 4)
     tree = build_tree(np.array([[7, 8], [9, 4]]), np.log(np.array([[0.6, 0.4], [0.7, 0.3]])), 6)
-    assert greedy_accept(tree, np.array([8, 4, 1])) == 2  # off-rank branch at both depths
-    assert greedy_accept(tree, np.array([7, 1])) == 1
-    assert greedy_accept(tree, np.array([5])) == 0
+    assert len(accepted_path(tree, np.array([8, 4, 1]))) == 2  # off-rank branch at both depths
+    assert len(accepted_path(tree, np.array([7, 1]))) == 1
+    assert len(accepted_path(tree, np.array([5]))) == 0
 
 
 def test_replay_commits_accepted_path_plus_one_and_is_cut_at_the_end():

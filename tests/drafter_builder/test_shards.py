@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from drafter_builder.shards import answered_prompts, build_dataset, chat_ids, shard_paths
+from drafter_builder.shards import answered_prompts, build_dataset, shard_paths
+from runtime.loader import encode_prompt
 
 PROMPTS = [("gsm8k_train", "What is 2 + 3?"), ("self_chat", "Name a colour."), ("mbpp_train", "Sum a list."),
            ("gsm8k_train", "Halve 10."), ("self_chat", "Say hi.")]
@@ -37,7 +38,7 @@ def test_answered_prompts_are_those_of_every_other_data_run(embedded_hf, tmp_pat
     model, tok = embedded_hf
     build_dataset(model, tok, PROMPTS[:2], [1, 3], tmp_path / "a", batch_size=2, max_new_tokens=2, budget_s=float("inf"))
     build_dataset(model, tok, PROMPTS[3:4], [1, 3], tmp_path / "b", batch_size=2, max_new_tokens=2, budget_s=float("inf"))
-    ids = {i: tuple(chat_ids(tok, p)) for i, (_, p) in enumerate(PROMPTS)}
+    ids = {i: tuple(encode_prompt(tok, p, chat=True)) for i, (_, p) in enumerate(PROMPTS)}
     assert answered_prompts(tmp_path) == {ids[0], ids[1], ids[3]}
     assert answered_prompts(tmp_path, skip=tmp_path / "b") == {ids[0], ids[1]}  # a run resuming keeps its own
     assert answered_prompts(tmp_path / "empty") == set()

@@ -11,9 +11,8 @@ import itertools
 import pytest
 import torch
 
-from drafter_builder.blocks import (IGNORE, FrozenTarget, block_hidden, block_labels, drafter_rotary, sample_anchors,
-                                    to_draft_labels)
-from drafter_builder.loss import block_loss, soft_block_loss, target_block_logprobs
+from drafter_builder.blocks import (IGNORE, FrozenTarget, block_hidden, block_labels, block_loss, sample_anchors,
+                                    soft_block_loss, target_block_logprobs, to_draft_labels)
 from drafter_builder.train import TrainConfig, TrainerState, _lr_at, acceptance, train
 from runtime.drafter import DrafterExecutor, load_drafter, random_drafter, save_drafter, with_layers
 from runtime.drafter.vocab import DraftHead, target_to_draft
@@ -49,7 +48,8 @@ def test_block_pass_equals_runtime_draft_per_anchor(draft_vocab):
     rec = _sequence(14, 2 * TINY.hidden_size, seed=1)
     anchors = torch.tensor([4, 7, 12])
     frozen = FrozenTarget(target.embed_tokens.weight, target.lm_head.weight)
-    hidden = block_hidden(drafter, frozen.embed_weight, drafter_rotary(drafter), rec["taps"].float(), rec["ids"], anchors)
+    hidden = block_hidden(drafter, frozen.embed_weight, drafter.config.rotary(), rec["taps"].float(), rec["ids"],
+                          anchors)
     batched = DraftHead(frozen.lm_head_weight, drafter.d2t)(hidden)  # [n, L, V], -inf outside the draft vocab
     ex = DrafterExecutor(drafter, target)
     for j, a in enumerate(anchors.tolist()):
@@ -112,7 +112,7 @@ def test_a_run_resumed_from_its_saved_state_equals_the_uninterrupted_run():
     first, saved = fresh(), []
     state = train(first, frozen, itertools.cycle(records), cfg(4), on_save=lambda st: saved.append(copy.deepcopy(st.to_dict())))
     rest = itertools.islice(itertools.cycle(records), 4, None)  # the stream continues where it stopped
-    resumed_state = TrainerState.from_dict(saved[-1])
+    resumed_state = TrainerState(**saved[-1])
     train(first, frozen, rest, cfg(8), state=resumed_state)
     assert resumed_state.step == 8 and state.step == 4
     for (name, a), (_, b) in zip(whole.state_dict().items(), first.state_dict().items()):
@@ -149,7 +149,7 @@ def test_a_grown_head_drafts_exactly_as_before_and_trains_its_new_layers(tmp_pat
     assert grown.config.num_hidden_layers == 3 and drafter.config.num_hidden_layers == 2
     rec = _sequence(14, 2 * TINY.hidden_size, seed=1)
     anchors = torch.tensor([4, 7, 12])
-    before, after = (block_hidden(d, frozen.embed_weight, drafter_rotary(d), rec["taps"].float(), rec["ids"], anchors)
+    before, after = (block_hidden(d, frozen.embed_weight, d.config.rotary(), rec["taps"].float(), rec["ids"], anchors)
                      for d in (drafter, grown))
     torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
     save_drafter(grown, tmp_path)
@@ -207,7 +207,8 @@ def test_distillation_steps_move_the_head_toward_the_target_law():
         head, rec = DraftHead(frozen.lm_head_weight, None), records[0]
         anchors = torch.arange(4, 12)
         with torch.no_grad():
-            hidden = block_hidden(drafter, frozen.embed_weight, drafter_rotary(drafter), rec["taps"].float(), rec["ids"], anchors)
+            hidden = block_hidden(drafter, frozen.embed_weight, drafter.config.rotary(), rec["taps"].float(),
+                                  rec["ids"], anchors)
             logp, valid = target_block_logprobs(rec["taps"][:, TINY.hidden_size:].float(), head, anchors, 3)
             q = torch.log_softmax(head.draft_logits(hidden), -1)
         return float(((logp.exp() * (logp - q)).sum(-1) * valid).sum() / valid.sum())

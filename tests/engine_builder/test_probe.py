@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from cast_trtllm.profile import load_profile, save_profile
 from engine_builder import probe as probe_module
 from engine_builder.probe import ProbeSettings, measure, to_profile
-from engine_builder.probe_cli import probe
+from engine_builder.probe import probe
 from runtime.drafter import random_drafter
 from runtime.engine.backend import TorchTarget
 from tests.runtime.doubles import random_target
