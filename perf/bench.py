@@ -126,11 +126,13 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: 
 @click.option("--via", type=click.Choice(["engine", "openai"]), default="engine", show_default=True,
               help="engine: in process; openai: start `cast-trtllm serve --api openai` with the engine flags and "
                    "drive it with the openai client (TTFT, ITL, latency percentiles, lost requests).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per (concurrency, method) cell, method order rotated each time; the median run is reported.")
 @run_options
 @model_options
 @spec_options
 @click.pass_context
-def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, **kwargs) -> None:
+def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, repeats: int, **kwargs) -> None:
     """Tokens/s of each method at each concurrency (continuous batching), greedy, EOS ignored."""
     from perf import throughput as tp
     from perf.page import throughput_page
@@ -160,13 +162,15 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, **k
                                              max(max_new.values()))
             described = {"api": "openai", "server": "cast-trtllm serve --api openai " + shlex.join(flags)}
             cells = {d: tp.run_openai(client, [r.prompt or r.input_ids for r in rs], max_new[d], specs, levels,
-                                      not params["no_chat"], not params["no_progress"]) for d, rs in pools.items()}
+                                      not params["no_chat"], not params["no_progress"], repeats)
+                     for d, rs in pools.items()}
         else:
             session = load_session(engine, params)
             described, cells = session.engine, {}
             for d, rs in pools.items():
                 prompts = [list(r.input_ids) if r.input_ids is not None else session.encode(r.prompt) for r in rs]
-                cells[d] = tp.run(session.built.engine, prompts, max_new[d], specs, levels, not params["no_progress"])
+                cells[d] = tp.run(session.built.engine, prompts, max_new[d], specs, levels, not params["no_progress"],
+                                  repeats)
     except (ValueError, DatasetError) as err:
         raise _fail(err) from None
     finally:

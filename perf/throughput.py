@@ -13,7 +13,8 @@ best-first mass (`runtime.engine.trees.MeanBudget`), gate off; `cast:W` is W per
 Through the server: the same methods as per-request `cast` options, each request a streamed
 completion; TTFT, inter-token latency ((last - first token) / (tokens - 1)) and request
 latency percentiles, and requests lost. Methods run one after another at each concurrency,
-in the order given, after a warm-up run of each; every output is checked against AR at c = 1
+after a warm-up run of each; with `--repeats R` every cell runs R times, the method order
+rotated each time, and reports its median run. Every output is checked against AR at c = 1
 (tokens in process, text through the server).
 """
 
@@ -77,28 +78,48 @@ def serve_method(engine: LLMEngine, spec: MethodSpec, prompts, max_new: int, con
         engine.width = width
 
 
+def sweep_cells(levels: Sequence[int], methods: Sequence[MethodSpec], repeats: int,
+                measure: Callable[[int, MethodSpec], dict], progress: bool = True) -> list[dict]:
+    """measure(c, method) -> row for every (concurrency, method), `repeats` times at each c with
+    the method order rotated each time (a shared machine's drift hits every method alike).
+    Each cell reports its median-throughput run, every run's tokens/s, and the fewest outputs
+    equal to AR of any run."""
+    runs: dict[tuple[int, str], list[dict]] = {}
+    with tqdm(total=len(levels) * len(methods) * repeats, desc="concurrency x method", disable=not progress) as bar:
+        for c in levels:
+            for r in range(repeats):
+                for m in [*methods[r % len(methods):], *methods[:r % len(methods)]]:
+                    bar.set_postfix_str(f"c={c} {m.label}" + (f" run {r + 1}" if repeats > 1 else ""))
+                    runs.setdefault((c, m.label), []).append(measure(c, m))
+                    bar.update()
+    rows = []
+    for c in levels:
+        for m in methods:
+            cell = runs[c, m.label]
+            row = dict(sorted(cell, key=lambda x: x["tokens_per_s"])[(len(cell) - 1) // 2])
+            rows.append(row | {"runs_tokens_per_s": [x["tokens_per_s"] for x in cell],
+                               "equal_to_ar": min(x["equal_to_ar"] for x in cell)})
+    return rows
+
+
 def run(engine: LLMEngine, prompts: list[list[int]], max_new: int, methods: Sequence[MethodSpec],
-        levels: Sequence[int], progress: bool = True) -> list[dict]:
+        levels: Sequence[int], progress: bool = True, repeats: int = 1) -> list[dict]:
     """Every (concurrency, method) cell: throughput, goodput, mean R and N, outputs equal to AR alone."""
     for m in methods:  # warm-up: graphs, caches, the cost model's first readings
         serve_method(engine, m, prompts[:2], min(max_new, 16), 2)
     reference = [s.tokens for s in serve_method(engine, MethodSpec("ar"), prompts, max_new, 1)[2]]
-    rows = []
-    with tqdm(total=len(levels) * len(methods), desc="concurrency x method", disable=not progress) as bar:
-        for c in levels:
-            for m in methods:
-                bar.set_postfix_str(f"c={c} {m.label}")
-                wall, stepping, seqs, rounds = serve_method(engine, m, prompts, max_new, c)
-                tokens, lengths = sum(len(s.tokens) for s in seqs), [R for s in seqs for R in s.accept_lengths]
-                rows.append({"concurrency": c, "method": m.label, "tokens": tokens, "wall_s": wall,
-                             "tokens_per_s": tokens / wall, "decode_s": stepping,
-                             "decode_tokens_per_s": (tokens - len(seqs)) / stepping, "rounds": rounds,
-                             "mean_R": float(np.mean(lengths)) if lengths else None,
-                             "mean_N": float(np.mean([N for s in seqs for N in s.budgets])) if lengths else None,
-                             "requests": len(seqs),
-                             "equal_to_ar": sum(s.tokens == want for s, want in zip(seqs, reference))})
-                bar.update()
-    return rows
+
+    def measure(c: int, m: MethodSpec) -> dict:
+        wall, stepping, seqs, rounds = serve_method(engine, m, prompts, max_new, c)
+        tokens, lengths = sum(len(s.tokens) for s in seqs), [R for s in seqs for R in s.accept_lengths]
+        return {"concurrency": c, "method": m.label, "tokens": tokens, "wall_s": wall,
+                "tokens_per_s": tokens / wall, "decode_s": stepping,
+                "decode_tokens_per_s": (tokens - len(seqs)) / stepping, "rounds": rounds,
+                "mean_R": float(np.mean(lengths)) if lengths else None,
+                "mean_N": float(np.mean([N for s in seqs for N in s.budgets])) if lengths else None,
+                "requests": len(seqs), "equal_to_ar": sum(s.tokens == want for s, want in zip(seqs, reference))}
+
+    return sweep_cells(levels, methods, repeats, measure, progress)
 
 
 def start_server(flags: Sequence[str], max_batch: int, max_queue: int, max_tokens: int) -> tuple[subprocess.Popen, Any]:
@@ -159,7 +180,7 @@ def stream_one(client: Any, model: str, prompt: str | Sequence[int], max_new: in
 
 
 def run_openai(client: Any, prompts: list, max_new: int, methods: Sequence[MethodSpec], levels: Sequence[int],
-               chat: bool, progress: bool = True) -> list[dict]:
+               chat: bool, progress: bool = True, repeats: int = 1) -> list[dict]:
     """Every (concurrency, method) cell through the server: tokens/s, TTFT / ITL / latency, lost, = AR."""
     model = client.models.list().data[0].id
 
@@ -172,22 +193,19 @@ def run_openai(client: Any, prompts: list, max_new: int, methods: Sequence[Metho
     for m in methods:  # warm-up
         pool(m, prompts[:2], 2)
     reference = [r.get("text") for r in pool(MethodSpec("ar"), prompts, 1)[1]]
-    rows = []
-    with tqdm(total=len(levels) * len(methods), desc="concurrency x method", disable=not progress) as bar:
-        for c in levels:
-            for m in methods:
-                bar.set_postfix_str(f"c={c} {m.label}")
-                wall, out = pool(m, prompts, c)
-                ok = [r for r in out if "error" not in r]
-                row = {"concurrency": c, "method": m.label, "tokens": len(ok) * max_new, "wall_s": wall,
-                       "tokens_per_s": len(ok) * max_new / wall, "requests": len(out), "lost": len(out) - len(ok),
-                       "equal_to_ar": sum(r.get("text") == want for r, want in zip(out, reference))}
-                for key in ("ttft", "itl", "latency"):
-                    ms = [1e3 * r[f"{key}_s"] for r in ok] or [float("nan")]
-                    row |= {f"p{q}_{key}_ms": float(np.percentile(ms, q)) for q in (50, 99)}
-                rows.append(row)
-                bar.update()
-    return rows
+
+    def measure(c: int, m: MethodSpec) -> dict:
+        wall, out = pool(m, prompts, c)
+        ok = [r for r in out if "error" not in r]
+        row = {"concurrency": c, "method": m.label, "tokens": len(ok) * max_new, "wall_s": wall,
+               "tokens_per_s": len(ok) * max_new / wall, "requests": len(out), "lost": len(out) - len(ok),
+               "equal_to_ar": sum(r.get("text") == want for r, want in zip(out, reference))}
+        for key in ("ttft", "itl", "latency"):
+            ms = [1e3 * r[f"{key}_s"] for r in ok] or [float("nan")]
+            row |= {f"p{q}_{key}_ms": float(np.percentile(ms, q)) for q in (50, 99)}
+        return row
+
+    return sweep_cells(levels, methods, repeats, measure, progress)
 
 
 def table(rows: list[dict], labels: Sequence[str], levels: Sequence[int], key: str = "tokens_per_s") -> str:
