@@ -63,7 +63,8 @@ _SPEC_OPTIONS = [
 ]
 
 
-def _apply(options: list[Callable]) -> Callable:
+def option_group(options: list[Callable]) -> Callable:
+    """One decorator applying `options` (click.option decorators) in their listed order."""
     def decorate(fn: Callable) -> Callable:
         for option in reversed(options):
             fn = option(fn)
@@ -71,8 +72,8 @@ def _apply(options: list[Callable]) -> Callable:
     return decorate
 
 
-model_options = _apply(_MODEL_OPTIONS)
-spec_options = _apply(_SPEC_OPTIONS)
+model_options = option_group(_MODEL_OPTIONS)
+spec_options = option_group(_SPEC_OPTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +119,7 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
 
 def engine_from_options(opts: EngineOptions):
     """Build the engine (`runtime.engine.build.Built`); loader errors become click errors."""
-    from runtime.embedded import EmbeddedModelMissing
+    from runtime.loader import EmbeddedModelMissing
     from runtime.engine.build import build_engine
 
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from runtime.options import engine_options, model_options, spec_options
+from runtime.options import engine_options, model_options, option_group, spec_options
 from runtime.serving.config import ServingConfig
 
 _LIMIT_OPTIONS = [
@@ -29,12 +29,7 @@ _LIMIT_OPTIONS = [
 ]
 TRITON_ONLY = {"repo", "grpc_port", "exit_timeout", "workdir"}  # serve flags of --api triton
 SHARED = {"api", "host", "port"}  # every other serve flag belongs to --api openai
-
-
-def limit_options(fn):
-    for option in reversed(_LIMIT_OPTIONS):
-        fn = option(fn)
-    return fn
+limit_options = option_group(_LIMIT_OPTIONS)
 
 
 def serving_config(max_batch: int, max_queue: int, max_tokens_limit: int, default_max_tokens: int,
@@ -118,7 +113,7 @@ def serve(ctx: click.Context, api: str, repo: str | None, host: str, port: int, 
             raise click.UsageError("--api triton needs --repo (write one with cast-trtllm triton-repo)")
         _serve_triton(repo, host, port, grpc_port, exit_timeout, workdir)
         return
-    from runtime.embedded import EmbeddedModelMissing
+    from runtime.loader import EmbeddedModelMissing
     from runtime.serving.openai.launch import build_service, serve as serve_openai
 
     cfg = serving_config(**settings)

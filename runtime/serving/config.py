@@ -68,6 +68,14 @@ class ServingConfig:
                 values[key] = _parse(key, text, own[key])
         return ServingConfig(**values, spec=SpecConfig(**spec))
 
+    def build(self):
+        """The engine this config names: `runtime.engine.build.Built` (engine, models, `encode`)."""
+        from runtime.engine.build import build_engine
+
+        return build_engine(self.target, self.drafter, self.spec, self.device,
+                            None if self.dtype == "auto" else self.dtype, self.threads or None,
+                            engine_dir=self.engine_dir or None)
+
 
 def _parse(key: str, text: str, kind: str) -> Any:
     try:

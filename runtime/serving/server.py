@@ -172,9 +172,3 @@ class TritonServer:
         except ProcessLookupError:  # the whole group has exited
             pass
         self.process.wait()
-
-    def __enter__(self) -> "TritonServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -2,7 +2,7 @@
 interface) over the continuous-batching scheduler.
 
 schemas (request bodies, validated) → app (routes) → service (the scheduler bridge and
-the one engine-request builder) → runtime.serving.scheduler; responses (full bodies and
-stream chunks), text (chat template, stop strings), errors (OpenAI error objects),
+the one engine-request builder) → runtime.serving.scheduler; responses (full bodies, stream chunks
+and logprobs), text (chat template, stop strings), errors (OpenAI error objects),
 metrics (Prometheus), launch (the one engine build, uvicorn, drain on SIGTERM).
 """

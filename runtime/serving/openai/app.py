@@ -22,12 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
 from runtime.serving.openai.errors import APIError, install_handlers
-from runtime.serving.openai.logprobs import LogprobStream
 from runtime.serving.openai.metrics import RequestCounter
-from runtime.serving.openai.responses import ResponseFormat
-from runtime.serving.openai.schemas import (
-    ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard, ModelList,
-)
+from runtime.serving.openai.responses import LogprobStream, ResponseFormat
+from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from runtime.serving.openai.service import Generation, Service, Update, build_request
 from runtime.serving.openai.text import delta, render_chat, tokenize, visible_text
 
@@ -58,8 +55,9 @@ def create_app(service: Service) -> FastAPI:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=service.model_name, created=service.created)])
+    async def models() -> dict:
+        card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "cast-trtllm"}
+        return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -163,7 +161,7 @@ async def _serve(service: Service, body: GenerationRequest, ids: list[int], requ
     if final.error is not None:
         raise service.failure(final)
     text = visible_text(service.tokenizer.decode(final.tokens, skip_special_tokens=True), stops, True)
-    return JSONResponse(fmt.full(text, final).model_dump(), headers=headers)
+    return JSONResponse(fmt.full(text, final), headers=headers)
 
 
 async def _final(service: Service, gen: Generation, request: Request) -> Update | None:

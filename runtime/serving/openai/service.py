@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cast_trtllm.sampling import SamplingParams
-from runtime.engine import Request
+from runtime.engine import LLMEngine, Request
 from runtime.serving.config import ServingConfig
 from runtime.serving.openai.errors import APIError
 from runtime.serving.openai.metrics import ServerMetrics
@@ -106,9 +106,8 @@ class Generation:
 class Service:
     """Engine + scheduler + metrics of one server; `draining` once shutdown has begun."""
 
-    def __init__(self, serving: Any, cfg: ServingConfig, model_name: str) -> None:
-        """serving: `runtime.serving.engine.ServingEngine` (the engine, its tokenizer)."""
-        self.engine, self.tokenizer = serving.engine, serving.tokenizer
+    def __init__(self, engine: LLMEngine, cfg: ServingConfig, model_name: str) -> None:
+        self.engine, self.tokenizer = engine, engine.tokenizer
         self.cfg, self.model_name = cfg, model_name
         self.created = int(time.time())
         self.metrics = ServerMetrics()
