@@ -25,8 +25,9 @@ from runtime.serving.openai.errors import APIError, install_handlers
 from runtime.serving.openai.metrics import RequestCounter
 from runtime.serving.openai.responses import LogprobStream, ResponseFormat
 from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from runtime.serving.openai.service import Generation, Service, Update, build_request
+from runtime.serving.openai.service import Generation, Service, Update
 from runtime.serving.openai.text import delta, render_chat, tokenize, visible_text
+from runtime.serving.requests import build_request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 MAX_CHARS_PER_TOKEN = 32  # prompts longer than this × the context window are refused before tokenizing
@@ -123,8 +124,8 @@ def _max_tokens(service: Service, body: GenerationRequest, prompt_len: int) -> i
     return asked
 
 
-def _processing(service: Service, body: GenerationRequest, max_tokens: int):
-    """(min_tokens, stop_token_ids, bad_words as token ids) of a request; 400 naming a bad one."""
+def _processing(service: Service, body: GenerationRequest, max_tokens: int) -> dict:
+    """The engine's processing fields of a request (`Request` keywords); 400 naming a bad one."""
     vocab = service.engine.target.config.vocab_size
     if body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}", "min_tokens",
@@ -133,7 +134,8 @@ def _processing(service: Service, body: GenerationRequest, max_tokens: int):
     if any(t >= vocab for t in stop_ids):
         raise APIError(400, f"stop_token_ids holds ids outside [0, {vocab})", "stop_token_ids", "invalid_value")
     bad = tuple(tuple(tokenize(service.tokenizer, w, add_special_tokens=False)) for w in body.bad_words or ())
-    return body.min_tokens, stop_ids, bad
+    return dict(min_tokens=body.min_tokens, stop_token_ids=stop_ids, bad_words=bad, ignore_eos=body.ignore_eos,
+                logprobs=body.top_logprobs_asked())
 
 
 async def _serve(service: Service, body: GenerationRequest, ids: list[int], request_id: str, request: Request,
@@ -142,9 +144,9 @@ async def _serve(service: Service, body: GenerationRequest, ids: list[int], requ
         raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
     stops, max_tokens = body.stop_strings(), _max_tokens(service, body, len(ids))
     try:
-        engine_request = build_request(request_id, ids, max_tokens, body.temperature, body.top_p, body.top_k,
-                                       body.seed, stops, body.ignore_eos, body.cast,
-                                       *_processing(service, body, max_tokens), body.top_logprobs_asked())
+        engine_request = build_request(request_id, ids, max_tokens, body.temperature, body.top_p,
+                                       max(body.top_k, 0), body.seed, stops, body.cast.method, body.cast.budget,
+                                       **_processing(service, body, max_tokens))
     except ValueError as err:
         raise APIError(400, str(err), None, "invalid_value") from err
     gen = service.submit(engine_request)

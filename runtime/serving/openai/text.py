@@ -11,8 +11,8 @@ REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete UTF-8 sequence
 def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     """The prompt text of a conversation, ending where the assistant's turn begins.
 
-    Uses the tokenizer's chat template; a tokenizer without one (the random test model's
-    byte tokenizer) gets a plain `role: content` transcript.
+    Uses the tokenizer's chat template; a tokenizer without one (a base model's) gets a
+    plain `role: content` transcript.
     """
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -20,10 +20,9 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
 
 
 def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of `text`. Chat prompts pass False: the template already holds BOS etc."""
-    if hasattr(tokenizer, "apply_chat_template"):  # a Hugging Face tokenizer
-        return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
-    return list(tokenizer.encode(text))  # the byte tokenizer adds no special tokens
+    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts pass False: the template
+    already holds BOS etc."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
 def visible_text(text: str, stops: Sequence[str], finished: bool) -> str:
