@@ -125,9 +125,7 @@ def engine_from_options(opts: EngineOptions):
     try:
         built = build_engine(opts.target, opts.drafter, opts.spec, opts.device, opts.dtype, opts.threads,
                              engine_dir=opts.engine_dir)
-    except EmbeddedModelMissing as err:
-        raise click.ClickException(str(err)) from err
-    except ValueError as err:
+    except (EmbeddedModelMissing, ValueError) as err:
         raise click.ClickException(str(err)) from err
     if opts.expect_drafter and built.engine.drafter is not None:
         cfg = built.engine.drafter.config  # every drafter executor's (torch and onnxruntime: PooledDrafter)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from cast_trtllm.spec_config import SpecConfig
+from cast_trtllm.spec_config import SpecConfig, check_budget
 
 SPEC_PREFIX = "spec_"
 
@@ -86,7 +86,7 @@ def _parse(key: str, text: str, kind: str) -> Any:
         if kind == "float":
             return float(text)
         if kind == "int | str":  # budget
-            return int(text) if text.strip().isdigit() else text.strip()
+            return check_budget(text.strip())
         return text
     except ValueError as err:
         raise ValueError(f"config.pbtxt parameter {key}={text!r} is not a valid {kind}") from err
