@@ -90,12 +90,11 @@ class EngineOptions:
 
 def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, method=None,
                    budget=None, rank_cap=None, width_profile=None, width_rule=None, draft_gate=None,
-                   llm_api_options=None, base: SpecConfig = SpecConfig(), quiet: bool = False,
-                   engine_dir: str | None = None) -> EngineOptions:
+                   llm_api_options=None, engine_dir: str | None = None) -> EngineOptions:
     """Flags (+ YAML) -> validated options; bad values raise click.BadParameter."""
     try:
-        spec = base.with_overrides(method=method, budget=budget, rank_cap=rank_cap, width_profile=width_profile,
-                                   width_rule=width_rule, draft_gate=draft_gate)
+        spec = SpecConfig().with_overrides(method=method, budget=budget, rank_cap=rank_cap,
+                                           width_profile=width_profile, width_rule=width_rule, draft_gate=draft_gate)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
     expect = None
@@ -106,9 +105,8 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
             opts = load_llm_api_options(llm_api_options, spec)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--extra-llm-api-options") from err
-        if not quiet:
-            for note in opts.notes:
-                click.echo(f"[extra-llm-api-options] {note}", err=True)
+        for note in opts.notes:
+            click.echo(f"[extra-llm-api-options] {note}", err=True)
         spec = opts.spec or spec
         drafter = opts.speculative_model or drafter
         expect = opts.expect_drafter

@@ -27,17 +27,13 @@ import triton_python_backend_utils as pb_utils
 LOG = logging.getLogger("cast.triton")
 
 
-def _project_on_path(params: dict) -> None:
-    root = params.get("project_root", {}).get("string_value", "")
-    if root and root not in sys.path:
-        sys.path.insert(0, root)
-
-
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
         params = model_config.get("parameters", {})
-        _project_on_path(params)
+        root = params.get("project_root", {}).get("string_value", "")
+        if root and root not in sys.path:  # the project's modules are imported from here on
+            sys.path.insert(0, root)
         from runtime.serving.config import ServingConfig
         from runtime.serving.scheduler import Scheduler
 

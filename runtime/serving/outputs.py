@@ -29,22 +29,30 @@ def spec_stats(live: Any) -> tuple[float, int, int]:
 
 
 class TextStream:
-    """Text of a growing token list, sent in pieces that join to the full text.
+    """Text of a growing token list, sent in pieces that join to the full text (both APIs).
 
-    A piece never ends in an incomplete UTF-8 character (it is held back until the tokens
-    that complete it arrive, or until the last response).
+    A piece never ends in an incomplete UTF-8 character (held back until the tokens that
+    complete it arrive, or until the last response). With `stops` (OpenAI, which omits the
+    stop string): the final text ends before the first stop string, and a piece holds back
+    the last len(longest stop) - 1 characters, which may be the start of one.
     """
 
-    def __init__(self, tokenizer: Any, prefix: str = "") -> None:
-        self.tokenizer, self.prefix, self.sent = tokenizer, prefix, 0  # chars of text already sent
+    def __init__(self, tokenizer: Any, prefix: str = "", stops: Seq[str] = ()) -> None:
+        self.tokenizer, self.prefix, self.stops = tokenizer, prefix, tuple(stops)
+        self.sent = 0  # chars of text already sent
 
-    def full(self, tokens: Seq[int]) -> str:
-        return self.prefix + self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+    def full(self, tokens: Seq[int], final: bool = True) -> str:
+        """The text a client may see: all of it once final, else the part that cannot change."""
+        text = self.prefix + self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        if final:
+            cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+            return text[: min(cuts)] if cuts else text
+        text = text.rstrip(REPLACEMENT)
+        hold = max((len(s) for s in self.stops), default=1) - 1
+        return text[: len(text) - hold] if hold else text
 
     def piece(self, tokens: Seq[int], final: bool) -> str:
-        text = self.full(tokens)
-        if not final:
-            text = text.rstrip(REPLACEMENT)
+        text = self.full(tokens, final)
         out = text[self.sent:]
         self.sent = max(self.sent, len(text))
         return out

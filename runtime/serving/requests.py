@@ -2,20 +2,12 @@
 
 Every input of TensorRT-LLM's `triton_backend/all_models/inflight_batcher_llm/ensemble`
 is declared with its exact name, type and dims, plus CAST's `method` / `budget`. Each
-one is either honoured, accepted only at its neutral value (the value that asks for
-nothing, e.g. `beam_width` 1), or refused: never silently ignored.
-Every problem raises `ValueError` naming the input; the model turns it into an error
-response for that request only.
-
-TensorRT-LLM semantics kept: each element of `stop_words` / `bad_words` is one word
-(empty strings mean "none"; upstream's preprocessing would also split one element at
-commas), a bad word tokenized without special tokens; `top_p` 0 means "off"; `end_id` REPLACES the model's
-end-of-sequence ids (-1: never stop at one); `exclude_input_in_output` false (the
-default) puts the prompt text before the generated text of a non-streaming answer.
-`end_id`, `min_tokens` (no end id before that many output tokens) and `bad_words` run
-inside the engine, on the target's logits (`cast_trtllm.logit_processing`): lossless
-with respect to the processed law. `build_request` makes the engine request of both APIs
-(the OpenAI server's too).
+one is honoured with TensorRT-LLM's semantics (docs/serving.md: e.g. `end_id` replaces
+the model's end ids, `top_p` 0 is off; `end_id`, `min_tokens` and `bad_words` run in the
+engine, on the target's logits), accepted only at its neutral value (e.g. `beam_width`
+1), or refused: never silently ignored. Every problem raises `ValueError` naming the
+input; the model turns it into an error response for that request only.
+`build_request` makes the engine request of both APIs (the OpenAI server's too).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -26,7 +26,7 @@ from runtime.serving.openai.metrics import RequestCounter
 from runtime.serving.openai.responses import LogprobStream, ResponseFormat
 from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from runtime.serving.openai.service import Generation, Service, Update
-from runtime.serving.openai.text import delta, render_chat, tokenize, visible_text
+from runtime.serving.outputs import TextStream
 from runtime.serving.requests import build_request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
@@ -85,6 +85,23 @@ def create_app(service: Service) -> FastAPI:
         return await _serve(service, body, ids, f"chatcmpl-{uuid.uuid4().hex}", request, chat=True)
 
     return app
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The prompt text of a conversation, ending where the assistant's turn begins.
+
+    Uses the tokenizer's chat template; a tokenizer without one (a base model's) gets a
+    plain `role: content` transcript.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts pass False: the template
+    already holds BOS etc."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
 def _check(service: Service, body: GenerationRequest) -> None:
@@ -162,7 +179,7 @@ async def _serve(service: Service, body: GenerationRequest, ids: list[int], requ
         return Response(status_code=CLIENT_GONE)
     if final.error is not None:
         raise service.failure(final)
-    text = visible_text(service.tokenizer.decode(final.tokens, skip_special_tokens=True), stops, True)
+    text = TextStream(service.tokenizer, stops=stops).full(final.tokens)
     return JSONResponse(fmt.full(text, final), headers=headers)
 
 
@@ -186,7 +203,7 @@ async def _final(service: Service, gen: Generation, request: Request) -> Update 
 async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt: ResponseFormat,
                   usage: bool) -> AsyncIterator[dict[str, str]]:
     """SSE events of one streamed request; cancels it if the stream is torn down early."""
-    sent, final = "", None
+    text, final = TextStream(service.tokenizer, stops=stops), None
     try:
         if fmt.chat:
             yield fmt.role_chunk()
@@ -196,9 +213,7 @@ async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt
                 final = update
                 yield {"data": json.dumps(service.failure(update).body())}
                 break
-            text = service.tokenizer.decode(update.tokens, skip_special_tokens=True)
-            piece = delta(sent, visible_text(text, stops, update.finished))
-            sent += piece
+            piece = text.piece(update.tokens, update.finished)
             final = update if update.finished else None
             if piece or final is not None:
                 yield fmt.chunk(piece, None if final is None else final.finish_reason, update)
