@@ -48,8 +48,8 @@ def serving_config(chat: bool = True, **options) -> ServingConfig:
         spec = spec.with_overrides(width_profile=_absolute(spec.width_profile))
     try:
         return ServingConfig(target=target, drafter=drafter, device=opts.device, dtype=opts.dtype or "auto",
-                             threads=opts.threads or 0, engine_dir=_absolute(opts.engine_dir) if opts.engine_dir else "",
-                             chat=chat, spec=spec, **limits)
+                             threads=opts.threads or 0, chat=chat, spec=spec,
+                             engine_dir=_absolute(opts.engine_dir) if opts.engine_dir else "", **limits)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
 
