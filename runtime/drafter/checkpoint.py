@@ -166,12 +166,12 @@ def load_drafter(
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg)
     expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    wrong = [f"{k} {tuple(tensors[k].shape)} != {shape}" for k, shape in expected.items() if k in tensors and tuple(tensors[k].shape) != shape]
-    if missing or unexpected or wrong:
-        parts = [f"missing {missing}" if missing else "", f"unexpected {unexpected}" if unexpected else "", f"wrong shapes {wrong}" if wrong else ""]
-        raise ValueError(f"drafter weights in {directory} do not match its config: " + "; ".join(p for p in parts if p))
+    problems = {"missing": sorted(set(expected) - set(tensors)), "unexpected": sorted(set(tensors) - set(expected)),
+                "wrong shapes": [f"{k} {tuple(tensors[k].shape)} != {shape}" for k, shape in expected.items()
+                                 if k in tensors and tuple(tensors[k].shape) != shape]}
+    if any(problems.values()):
+        raise ValueError(f"drafter weights in {directory} do not match its config: "
+                         + "; ".join(f"{name} {found}" for name, found in problems.items() if found))
     if D2T_KEY in tensors:
         _check_d2t(tensors[D2T_KEY], cfg.vocab_size, directory)
     cast = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in tensors.items()}

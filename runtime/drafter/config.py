@@ -22,14 +22,8 @@ from runtime.model.llama import TargetConfig
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
-_REQUIRED = (
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-    "num_hidden_layers",
-    "vocab_size",
-)
+_REQUIRED = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers",
+             "vocab_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +129,8 @@ class DrafterConfig:
             if raw[optional] is None:
                 del raw[optional]
         raw["rope_scaling"] = dict(self.rope_scaling) or None
-        defaults = {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "tie_word_embeddings": False,
-        }
+        defaults = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
+                    "attention_bias": False, "tie_word_embeddings": False}
         return {
             **defaults,
             **self.extra,

@@ -76,10 +76,6 @@ class DraftHead:
         """hidden [..., H] -> logits over the draft vocabulary [..., Vd] (training)."""
         return hidden @ self.weight.T
 
-    def scores(self, hidden: torch.Tensor) -> "DraftScores":
-        """hidden [B, L, H] -> the block's marginals over the draft vocabulary."""
-        return DraftScores(self.draft_logits(hidden), self.target_ids, self.vocab_size)
-
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits over the target vocabulary [..., V], -inf outside it."""
         return spread(self.draft_logits(hidden), self.target_ids, self.vocab_size)

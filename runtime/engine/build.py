@@ -93,7 +93,7 @@ def width_source(spec: SpecConfig, target_name: str, dtype: torch.dtype, device:
     return (lambda prefix_len: for_bucket(profile.prefix_bucket(prefix_len))), path
 
 
-def drafter_identity(drafter: torch.nn.Module) -> str:
+def head_identity(drafter: torch.nn.Module) -> str:
     """`head-` + 8 hex digits of the drafter's config and a strided sample of its weights."""
     from runtime.backends.onnx_cache import hash_weights
 
@@ -196,7 +196,7 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
         probe = None if choice is None else choice.measured_ms.get(f"{backend}/{choice.dtype}/{torch.get_num_threads()}")
         cost, cache, source = online_cost(spec, models.name, models.dtype, dev, backend, draft.mass_exponent,
                                           spec.max_nodes(draft.num_draft_positions), probe,
-                                          drafter_identity(models.drafter))
+                                          head_identity(models.drafter))
         atexit.register(_save_quietly, cost, cache)
         width, path = (lambda prefix_len: cost), f"online cost model; prior: {source}"
     engine = LLMEngine(target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)

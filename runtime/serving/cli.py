@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from runtime.options import engine_options, model_options, spec_options
+from runtime.options import engine_options, model_options, option_group, spec_options
 from runtime.serving.config import ServingConfig
 
 _LIMIT_OPTIONS = [
@@ -29,22 +29,17 @@ _LIMIT_OPTIONS = [
 ]
 TRITON_ONLY = {"repo", "grpc_port", "exit_timeout", "workdir"}  # serve flags of --api triton
 SHARED = {"api", "host", "port"}  # every other serve flag belongs to --api openai
+limit_options = option_group(_LIMIT_OPTIONS)
+LIMITS = ("max_batch", "max_queue", "max_tokens_limit", "default_max_tokens", "request_timeout_s", "shutdown_grace_s")
 
 
-def limit_options(fn):
-    for option in reversed(_LIMIT_OPTIONS):
-        fn = option(fn)
-    return fn
-
-
-def serving_config(max_batch: int, max_queue: int, max_tokens_limit: int, default_max_tokens: int,
-                   request_timeout_s: float, shutdown_grace_s: float, chat: bool = True,
-                   **options) -> ServingConfig:
+def serving_config(chat: bool = True, **options) -> ServingConfig:
     """The ONE place a command's flags (+ --extra-llm-api-options YAML) become a ServingConfig.
 
     Paths (target, drafter, width profile) are made absolute: Triton loads the model from
     its own working directory.
     """
+    limits = {key: options.pop(key) for key in LIMITS}
     opts = engine_options(**options)
     target = opts.target if opts.target == "embedded" else _absolute(opts.target)
     drafter = opts.drafter if opts.drafter in ("default", "none") else _absolute(opts.drafter)
@@ -53,11 +48,8 @@ def serving_config(max_batch: int, max_queue: int, max_tokens_limit: int, defaul
         spec = spec.with_overrides(width_profile=_absolute(spec.width_profile))
     try:
         return ServingConfig(target=target, drafter=drafter, device=opts.device, dtype=opts.dtype or "auto",
-                             threads=opts.threads or 0, engine_dir=_absolute(opts.engine_dir) if opts.engine_dir else "",
-                             chat=chat, spec=spec, max_batch=max_batch,
-                             max_queue=max_queue, max_tokens_limit=max_tokens_limit,
-                             default_max_tokens=default_max_tokens, request_timeout_s=request_timeout_s,
-                             shutdown_grace_s=shutdown_grace_s)
+                             threads=opts.threads or 0, chat=chat, spec=spec,
+                             engine_dir=_absolute(opts.engine_dir) if opts.engine_dir else "", **limits)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
 
@@ -118,7 +110,7 @@ def serve(ctx: click.Context, api: str, repo: str | None, host: str, port: int, 
             raise click.UsageError("--api triton needs --repo (write one with cast-trtllm triton-repo)")
         _serve_triton(repo, host, port, grpc_port, exit_timeout, workdir)
         return
-    from runtime.embedded import EmbeddedModelMissing
+    from runtime.loader import EmbeddedModelMissing
     from runtime.serving.openai.launch import build_service, serve as serve_openai
 
     cfg = serving_config(**settings)
@@ -155,7 +147,7 @@ def _serve_triton(repo: str, host: str, http_port: int, grpc_port: int, exit_tim
     except (RuntimeError, TimeoutError) as err:
         server.stop()
         raise click.ClickException(str(err)) from err
-    click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  model 'cast'")
+    click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}")
     signal.signal(signal.SIGTERM, lambda *_: server.terminate())  # the wait below sees the exit
     try:
         code = server.process.wait()

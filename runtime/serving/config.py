@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from cast_trtllm.spec_config import SpecConfig
+from cast_trtllm.spec_config import SpecConfig, check_budget
 
 SPEC_PREFIX = "spec_"
 
@@ -68,6 +68,14 @@ class ServingConfig:
                 values[key] = _parse(key, text, own[key])
         return ServingConfig(**values, spec=SpecConfig(**spec))
 
+    def build(self):
+        """The engine this config names: `runtime.engine.build.Built` (engine, models, `encode`)."""
+        from runtime.engine.build import build_engine
+
+        return build_engine(self.target, self.drafter, self.spec, self.device,
+                            None if self.dtype == "auto" else self.dtype, self.threads or None,
+                            engine_dir=self.engine_dir or None)
+
 
 def _parse(key: str, text: str, kind: str) -> Any:
     try:
@@ -78,7 +86,7 @@ def _parse(key: str, text: str, kind: str) -> Any:
         if kind == "float":
             return float(text)
         if kind == "int | str":  # budget
-            return int(text) if text.strip().isdigit() else text.strip()
+            return check_budget(text.strip())
         return text
     except ValueError as err:
         raise ValueError(f"config.pbtxt parameter {key}={text!r} is not a valid {kind}") from err

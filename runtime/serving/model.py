@@ -27,19 +27,14 @@ import triton_python_backend_utils as pb_utils
 LOG = logging.getLogger("cast.triton")
 
 
-def _project_on_path(params: dict) -> None:
-    root = params.get("project_root", {}).get("string_value", "")
-    if root and root not in sys.path:
-        sys.path.insert(0, root)
-
-
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         model_config = json.loads(args["model_config"])
         params = model_config.get("parameters", {})
-        _project_on_path(params)
+        root = params.get("project_root", {}).get("string_value", "")
+        if root and root not in sys.path:  # the project's modules are imported from here on
+            sys.path.insert(0, root)
         from runtime.serving.config import ServingConfig
-        from runtime.serving.engine import build_engine
         from runtime.serving.scheduler import Scheduler
 
         logging.basicConfig(level=logging.INFO)
@@ -47,11 +42,12 @@ class TritonPythonModel:
         if args.get("model_instance_kind") == "GPU":  # instance_group KIND_GPU: this instance's device
             self.cfg = dataclasses.replace(self.cfg, device=f"cuda:{args['model_instance_device_id']}")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(model_config)
-        self.engine = build_engine(self.cfg)
-        tokenizer, eos = self.engine.tokenizer, self.engine.engine.eos_token_ids
+        self.built = self.cfg.build()
+        self.engine = self.built.engine
+        tokenizer, eos = self.engine.tokenizer, self.engine.eos_token_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
         cfg = self.cfg
-        self.scheduler = Scheduler(self.engine.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
+        self.scheduler = Scheduler(self.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
         self.scheduler.start()
         self._count = 0
         drain_file = os.environ.get("CAST_DRAIN_FILE")  # runtime.serving.server.DRAIN_ENV
@@ -68,10 +64,9 @@ class TritonPythonModel:
         from runtime.serving.requests import parse_request, split_batch
 
         rows = split_batch({t.name(): t.as_numpy() for t in request.inputs()})
-        target = self.engine.engine
-        tokenizer = self.engine.tokenizer
-        parsed = [parse_request(f"{request_id}/{i}", row, self.cfg, self.engine.encode, target.context_window,
-                                target.target.config.vocab_size,
+        engine, tokenizer, chat = self.engine, self.engine.tokenizer, self.cfg.chat
+        parsed = [parse_request(f"{request_id}/{i}", row, self.cfg, lambda text: self.built.encode(text, chat),
+                                engine.context_window, engine.target.config.vocab_size,
                                 lambda word: list(tokenizer(word, add_special_tokens=False).input_ids))
                   for i, row in enumerate(rows)]
         if any(o.stream for _, o in parsed):

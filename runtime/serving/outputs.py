@@ -1,4 +1,5 @@
-"""What a Triton response reports about a sequence: pure functions over the engine's state.
+"""What a Triton response reports about a sequence (a `runtime.engine.Sequence`, which ends
+itself at its end id, `Request.eos_token_ids`): pure functions over the engine's state.
 
 Terms (TensorRT-LLM's speculative-decoding metrics, computed from the rounds):
   total_draft_tokens          sum of the tree sizes N of the rounds that drafted
@@ -19,48 +20,39 @@ import numpy as np
 REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
 
 
-@dataclass(slots=True)
-class Progress:
-    """A sequence's tokens and rounds as reported to the client."""
-
-    tokens: list[int]
-    accept_lengths: list[int]
-    budgets: list[int]  # tree size N per round (0: the round did not draft)
-    drafted: list[bool]
-    finish_reason: str | None = None
-    num_input_tokens: int = 0
-
-    def spec_stats(self) -> tuple[float, int, int]:
-        """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens)."""
-        drafted = sum(n for n, d in zip(self.budgets, self.drafted) if d)
-        accepted = sum(a - 1 for a, d in zip(self.accept_lengths, self.drafted) if d)
-        return (accepted / drafted if drafted else 0.0), accepted, drafted
-
-
-def progress(live: Any) -> Progress:
-    """What `live` (a `runtime.engine.Sequence`) has emitted so far. The engine itself ends
-    a request at its end id (`Request.eos_token_ids`), so nothing is cut afterwards."""
-    return Progress(list(live.tokens), list(live.accept_lengths), list(live.budgets), list(live.drafted),
-                    live.finish_reason, len(live.request.prompt_ids))
+def spec_stats(live: Any) -> tuple[float, int, int]:
+    """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens) of a sequence's rounds
+    (`budgets`: tree size N per round; `drafted`: whether the round drafted)."""
+    drafted = sum(n for n, d in zip(live.budgets, live.drafted) if d)
+    accepted = sum(a - 1 for a, d in zip(live.accept_lengths, live.drafted) if d)
+    return (accepted / drafted if drafted else 0.0), accepted, drafted
 
 
 class TextStream:
-    """Text of a growing token list, sent in pieces that join to the full text.
+    """Text of a growing token list, sent in pieces that join to the full text (both APIs).
 
-    A piece never ends in an incomplete UTF-8 character (it is held back until the tokens
-    that complete it arrive, or until the last response).
+    A piece never ends in an incomplete UTF-8 character (held back until the tokens that
+    complete it arrive, or until the last response). With `stops` (OpenAI, which omits the
+    stop string): the final text ends before the first stop string, and a piece holds back
+    the last len(longest stop) - 1 characters, which may be the start of one.
     """
 
-    def __init__(self, tokenizer: Any, prefix: str = "") -> None:
-        self.tokenizer, self.prefix, self.sent = tokenizer, prefix, 0  # chars of text already sent
+    def __init__(self, tokenizer: Any, prefix: str = "", stops: Seq[str] = ()) -> None:
+        self.tokenizer, self.prefix, self.stops = tokenizer, prefix, tuple(stops)
+        self.sent = 0  # chars of text already sent
 
-    def full(self, tokens: Seq[int]) -> str:
-        return self.prefix + self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+    def full(self, tokens: Seq[int], final: bool = True) -> str:
+        """The text a client may see: all of it once final, else the part that cannot change."""
+        text = self.prefix + self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        if final:
+            cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+            return text[: min(cuts)] if cuts else text
+        text = text.rstrip(REPLACEMENT)
+        hold = max((len(s) for s in self.stops), default=1) - 1
+        return text[: len(text) - hold] if hold else text
 
     def piece(self, tokens: Seq[int], final: bool) -> str:
-        text = self.full(tokens)
-        if not final:
-            text = text.rstrip(REPLACEMENT)
+        text = self.full(tokens, final)
         out = text[self.sent:]
         self.sent = max(self.sent, len(text))
         return out

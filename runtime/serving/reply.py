@@ -16,8 +16,8 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from runtime.engine import Request
-from runtime.serving.outputs import Progress, RowOutput, TextStream, progress, response_arrays
+from runtime.engine import Request, Sequence
+from runtime.serving.outputs import RowOutput, TextStream, response_arrays, spec_stats
 from runtime.serving.requests import ResponseOptions
 from runtime.serving.scheduler import Overloaded, Scheduler
 
@@ -31,7 +31,7 @@ class Reply:
                  rows: list[tuple[Request, ResponseOptions]], request_id: str) -> None:
         self.scheduler, self.pad_id, self.sender, self.rows = scheduler, pad_id, sender, rows
         self.ids = [req.request_id for req, _ in rows]
-        self.done: list[Progress | None] = [None] * len(rows)  # each finished row
+        self.done: list[Sequence | None] = [None] * len(rows)  # each finished row
         self.texts = [TextStream(tokenizer, "" if o.stream or o.exclude_input else o.prompt) for _, o in rows]
         self.sent = [(0, 0)] * len(rows)  # streaming: (tokens, rounds) already sent
         self.arrival_ns, self.first_ns = time.time_ns(), [0] * len(rows)
@@ -57,10 +57,9 @@ class Reply:
                     LOG.info("request %s cancelled by the client after %d tokens", self.request_id, len(live.tokens))
                     self._close(None)
                     return
-                p = progress(live)
                 self.first_ns[i] = self.first_ns[i] or time.time_ns()
-                if self.rows[i][1].stream and len(p.tokens) > self.sent[i][0]:
-                    self._send([self._row(i, p, final=False)], final=False)
+                if self.rows[i][1].stream and len(live.tokens) > self.sent[i][0]:
+                    self._send([self._row(i, live, final=False)], final=False)
         return on_tokens
 
     def _on_done(self, i: int):
@@ -72,7 +71,7 @@ class Reply:
                     self._close(error)
                     return
                 self.first_ns[i] = self.first_ns[i] or time.time_ns()
-                self._row_done(i, progress(live))
+                self._row_done(i, live)
         return on_done
 
     # ------------------------------------------------------------------ responses (lock held)
@@ -80,20 +79,21 @@ class Reply:
         is_cancelled = getattr(self.sender, "is_cancelled", None)
         return bool(is_cancelled and is_cancelled())
 
-    def _row(self, i: int, p: Progress, final: bool) -> RowOutput:
+    def _row(self, i: int, live: Sequence, final: bool) -> RowOutput:
         opts = self.rows[i][1]
         tokens, rounds = self.sent[i]
-        self.sent[i] = (len(p.tokens), len(p.accept_lengths)) if opts.stream else (0, 0)
+        self.sent[i] = (len(live.tokens), len(live.accept_lengths)) if opts.stream else (0, 0)
         return RowOutput(
-            text=self.texts[i].piece(p.tokens, final), ids=p.tokens[tokens:], accept_lengths=p.accept_lengths[rounds:],
-            finish_reason=(p.finish_reason or "") if final else "", stats=p.spec_stats(),
-            num_input_tokens=p.num_input_tokens if opts.num_input_tokens else None,
-            num_output_tokens=len(p.tokens) if opts.num_output_tokens else None,
+            text=self.texts[i].piece(live.tokens, final), ids=list(live.tokens[tokens:]),
+            accept_lengths=list(live.accept_lengths[rounds:]),
+            finish_reason=(live.finish_reason or "") if final else "", stats=spec_stats(live),
+            num_input_tokens=len(live.request.prompt_ids) if opts.num_input_tokens else None,
+            num_output_tokens=len(live.tokens) if opts.num_output_tokens else None,
             times_ns=(self.arrival_ns, self.first_ns[i], time.time_ns()) if opts.perf_metrics else None,
         )
 
-    def _row_done(self, i: int, p: Progress) -> None:
-        self.done[i] = p
+    def _row_done(self, i: int, live: Sequence) -> None:
+        self.done[i] = live
         if all(d is not None for d in self.done):
             self._send([self._row(j, d, final=True) for j, d in enumerate(self.done)], final=True)
             self.closed = True

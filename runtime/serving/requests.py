@@ -2,19 +2,12 @@
 
 Every input of TensorRT-LLM's `triton_backend/all_models/inflight_batcher_llm/ensemble`
 is declared with its exact name, type and dims, plus CAST's `method` / `budget`. Each
-one is either honoured, accepted only at its neutral value (the value that asks for
-nothing, e.g. `beam_width` 1), or refused: never silently ignored.
-Every problem raises `ValueError` naming the input; the model turns it into an error
-response for that request only.
-
-TensorRT-LLM semantics kept: each element of `stop_words` / `bad_words` is one word
-(empty strings mean "none"; upstream's preprocessing would also split one element at
-commas), a bad word tokenized without special tokens; `top_p` 0 means "off"; `end_id` REPLACES the model's
-end-of-sequence ids (-1: never stop at one); `exclude_input_in_output` false (the
-default) puts the prompt text before the generated text of a non-streaming answer.
-`end_id`, `min_tokens` (no end id before that many output tokens) and `bad_words` run
-inside the engine, on the target's logits (`cast_trtllm.logit_processing`): lossless
-with respect to the processed law.
+one is honoured with TensorRT-LLM's semantics (docs/serving.md: e.g. `end_id` replaces
+the model's end ids, `top_p` 0 is off; `end_id`, `min_tokens` and `bad_words` run in the
+engine, on the target's logits), accepted only at its neutral value (e.g. `beam_width`
+1), or refused: never silently ignored. Every problem raises `ValueError` naming the
+input; the model turns it into an error response for that request only.
+`build_request` makes the engine request of both APIs (the OpenAI server's too).
 """
 
 from __future__ import annotations
@@ -194,21 +187,22 @@ def _flag(inputs: dict[str, np.ndarray], name: str) -> bool:
     return bool(_scalar(inputs, name)) if name in inputs else False
 
 
-def _sampling(inputs: dict[str, np.ndarray]) -> SamplingParams:
-    temperature = float(_scalar(inputs, "temperature")) if "temperature" in inputs else 0.0
-    top_p = float(_scalar(inputs, "top_p")) if "top_p" in inputs else 1.0
-    if not math.isfinite(temperature) or not math.isfinite(top_p):
-        raise ValueError(f"temperature ({temperature}) and top_p ({top_p}) must be finite numbers")
-    seed = int(_scalar(inputs, "seed")) if "seed" in inputs else None
+def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
+                  top_k: int, seed: int | None, stops: tuple[str, ...], method: str | None, budget: int | str | None,
+                  **processing: Any) -> Request:
+    """The ONE place a client's call (Triton or OpenAI) becomes an engine request.
+
+    top_p 0 means off (TensorRT-LLM); a seed of any size folds into 63 bits; method /
+    budget None take the engine's SpecConfig defaults. `processing`: the other `Request`
+    fields (end ids, min_tokens, bad words, stop token ids, ignore_eos, logprobs).
+    """
     try:
-        return SamplingParams(
-            temperature=temperature,
-            top_k=int(_scalar(inputs, "top_k")) if "top_k" in inputs else 0,
-            top_p=1.0 if top_p == 0.0 else top_p,  # TensorRT-LLM: top_p 0 = off
-            seed=None if seed is None else seed % (1 << 63),
-        )
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p or 1.0,
+                                  seed=None if seed is None else seed % (1 << 63))
     except ValueError as err:
         raise ValueError(f"bad sampling parameters: {err}") from err
+    return Request(tuple(prompt_ids), max_tokens, sampling, stops, method, budget, request_id=request_id,
+                   **processing)
 
 
 def parse_request(
@@ -243,6 +237,10 @@ def parse_request(
     if "budget" in inputs:
         budget = check_budget(_text(_scalar(inputs, "budget")).strip().lower(), "input 'budget'")
     end_id = _token_id(inputs, "end_id", vocab_size, allow_none=True)
+    temperature = float(_scalar(inputs, "temperature")) if "temperature" in inputs else 0.0
+    top_p = float(_scalar(inputs, "top_p")) if "top_p" in inputs else 1.0
+    if not math.isfinite(temperature) or not math.isfinite(top_p):
+        raise ValueError(f"temperature ({temperature}) and top_p ({top_p}) must be finite numbers")
     options = ResponseOptions(
         prompt=prompt, stream=_flag(inputs, "stream"), exclude_input=_flag(inputs, "exclude_input_in_output"),
         pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False),
@@ -255,7 +253,9 @@ def parse_request(
             f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
             f"{context_window} tokens; shorten the prompt or lower max_tokens"
         )
-    request = Request(tuple(ids), max_tokens, _sampling(inputs), stops, method, budget, request_id=request_id,
-                      eos_token_ids=None if end_id is None else () if end_id == -1 else (end_id,),
-                      min_tokens=min_tokens, bad_words=bad_words)
+    top_k = int(_scalar(inputs, "top_k")) if "top_k" in inputs else 0
+    seed = int(_scalar(inputs, "seed")) if "seed" in inputs else None
+    request = build_request(request_id, ids, max_tokens, temperature, top_p, top_k, seed, stops, method, budget,
+                            eos_token_ids=None if end_id is None else () if end_id == -1 else (end_id,),
+                            min_tokens=min_tokens, bad_words=bad_words)
     return request, options

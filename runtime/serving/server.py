@@ -72,7 +72,7 @@ def server_env(drain_file: Path | None = None) -> dict[str, str]:
 
 
 def server_command(repo: Path, backends: Path, http_port: int, grpc_port: int, host: str = "127.0.0.1",
-                   exit_timeout_s: int = 30, verbose: bool = False) -> list[str]:
+                   exit_timeout_s: int = 30) -> list[str]:
     return [
         str(pytriton_dist() / "tritonserver" / "bin" / "tritonserver"),
         f"--model-repository={repo}",
@@ -82,7 +82,7 @@ def server_command(repo: Path, backends: Path, http_port: int, grpc_port: int, h
         "--allow-metrics=false",
         f"--exit-timeout-secs={exit_timeout_s}",
         "--strict-readiness=true",
-        f"--log-verbose={1 if verbose else 0}",
+        "--log-verbose=0",
     ]
 
 
@@ -90,11 +90,11 @@ class TritonServer:
     """A `tritonserver` child process: start, wait until ready, stop gracefully."""
 
     def __init__(self, repo: str | Path, workdir: str | Path, http_port: int, grpc_port: int,
-                 host: str = "127.0.0.1", exit_timeout_s: int = 30, log_path: str | Path | None = None) -> None:
+                 host: str = "127.0.0.1", exit_timeout_s: int = 30) -> None:
         self.repo, self.workdir = Path(repo).resolve(), Path(workdir).resolve()
         self.host, self.http_port, self.grpc_port = host, http_port, grpc_port
         self.exit_timeout_s = exit_timeout_s
-        self.log_path = Path(log_path) if log_path else self.workdir / "tritonserver.log"
+        self.log_path = self.workdir / "tritonserver.log"
         self.drain_file = self.workdir / "drain"
         self.process: subprocess.Popen | None = None
 
@@ -172,9 +172,3 @@ class TritonServer:
         except ProcessLookupError:  # the whole group has exited
             pass
         self.process.wait()
-
-    def __enter__(self) -> "TritonServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -203,13 +203,13 @@ def test_bad_input_raises_a_clear_error(call, message):
 def test_the_learned_table_of_one_head_is_not_reused_for_another():
     """The cache key carries the drafter's identity: another head (other weights) learns its own table."""
     from runtime.drafter import random_drafter
-    from runtime.engine.build import drafter_identity
+    from runtime.engine.build import head_identity
     from tests.runtime.doubles import random_target
 
     cfg = random_target(seed=1, vocab_size=64).config
     one, other = (random_drafter(cfg, block_size=4, seed=s) for s in (1, 2))
-    assert drafter_identity(one) == drafter_identity(random_drafter(cfg, block_size=4, seed=1))
-    assert drafter_identity(one) != drafter_identity(other)
+    assert head_identity(one) == head_identity(random_drafter(cfg, block_size=4, seed=1))
+    assert head_identity(one) != head_identity(other)
 
 
 def test_a_narrow_cell_read_dearer_than_a_wider_one_is_priced_at_the_wider_cost():

@@ -112,7 +112,7 @@ def test_budget_beyond_what_the_drafter_offers_is_refused_with_a_message(run):
 
 def test_budget_auto_uses_the_shipped_measured_cpu_profile():
     from cast_trtllm.profile import find_measured_profile, load_profile
-    from runtime.embedded import MODEL_NAME
+    from runtime.loader import MODEL_NAME
 
     path = find_measured_profile(MODEL_NAME, "float32", "cpu")
     assert path is not None and load_profile(path).provenance.source == "measured"

@@ -143,7 +143,7 @@ def test_drafter_of_another_target_is_refused_naming_both_values(tmp_path, check
 
 def test_embedded_target_gets_the_shipped_head(embedded_checkpoint):
     from runtime.drafter import DEFAULT_DRAFTER, DrafterConfig
-    from runtime.embedded import MODEL_NAME
+    from runtime.loader import MODEL_NAME
 
     loaded = models_from_hf(embedded_checkpoint, "default")
     assert (loaded.name, loaded.source, loaded.dtype) == (MODEL_NAME, "embedded", torch.float32)

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -22,14 +22,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
 from runtime.serving.openai.errors import APIError, install_handlers
-from runtime.serving.openai.logprobs import LogprobStream
 from runtime.serving.openai.metrics import RequestCounter
-from runtime.serving.openai.responses import ResponseFormat
-from runtime.serving.openai.schemas import (
-    ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard, ModelList,
-)
-from runtime.serving.openai.service import Generation, Service, Update, build_request
-from runtime.serving.openai.text import delta, render_chat, tokenize, visible_text
+from runtime.serving.openai.responses import LogprobStream, ResponseFormat
+from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from runtime.serving.openai.service import Generation, Service, Update
+from runtime.serving.outputs import TextStream
+from runtime.serving.requests import build_request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 MAX_CHARS_PER_TOKEN = 32  # prompts longer than this × the context window are refused before tokenizing
@@ -58,8 +56,9 @@ def create_app(service: Service) -> FastAPI:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=service.model_name, created=service.created)])
+    async def models() -> dict:
+        card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "cast-trtllm"}
+        return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -86,6 +85,23 @@ def create_app(service: Service) -> FastAPI:
         return await _serve(service, body, ids, f"chatcmpl-{uuid.uuid4().hex}", request, chat=True)
 
     return app
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The prompt text of a conversation, ending where the assistant's turn begins.
+
+    Uses the tokenizer's chat template; a tokenizer without one (a base model's) gets a
+    plain `role: content` transcript.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts pass False: the template
+    already holds BOS etc."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
 def _check(service: Service, body: GenerationRequest) -> None:
@@ -125,8 +141,8 @@ def _max_tokens(service: Service, body: GenerationRequest, prompt_len: int) -> i
     return asked
 
 
-def _processing(service: Service, body: GenerationRequest, max_tokens: int):
-    """(min_tokens, stop_token_ids, bad_words as token ids) of a request; 400 naming a bad one."""
+def _processing(service: Service, body: GenerationRequest, max_tokens: int) -> dict:
+    """The engine's processing fields of a request (`Request` keywords); 400 naming a bad one."""
     vocab = service.engine.target.config.vocab_size
     if body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}", "min_tokens",
@@ -135,7 +151,8 @@ def _processing(service: Service, body: GenerationRequest, max_tokens: int):
     if any(t >= vocab for t in stop_ids):
         raise APIError(400, f"stop_token_ids holds ids outside [0, {vocab})", "stop_token_ids", "invalid_value")
     bad = tuple(tuple(tokenize(service.tokenizer, w, add_special_tokens=False)) for w in body.bad_words or ())
-    return body.min_tokens, stop_ids, bad
+    return dict(min_tokens=body.min_tokens, stop_token_ids=stop_ids, bad_words=bad, ignore_eos=body.ignore_eos,
+                logprobs=body.top_logprobs_asked())
 
 
 async def _serve(service: Service, body: GenerationRequest, ids: list[int], request_id: str, request: Request,
@@ -144,9 +161,9 @@ async def _serve(service: Service, body: GenerationRequest, ids: list[int], requ
         raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
     stops, max_tokens = body.stop_strings(), _max_tokens(service, body, len(ids))
     try:
-        engine_request = build_request(request_id, ids, max_tokens, body.temperature, body.top_p, body.top_k,
-                                       body.seed, stops, body.ignore_eos, body.cast,
-                                       *_processing(service, body, max_tokens), body.top_logprobs_asked())
+        engine_request = build_request(request_id, ids, max_tokens, body.temperature, body.top_p,
+                                       max(body.top_k, 0), body.seed, stops, body.cast.method, body.cast.budget,
+                                       **_processing(service, body, max_tokens))
     except ValueError as err:
         raise APIError(400, str(err), None, "invalid_value") from err
     gen = service.submit(engine_request)
@@ -162,8 +179,8 @@ async def _serve(service: Service, body: GenerationRequest, ids: list[int], requ
         return Response(status_code=CLIENT_GONE)
     if final.error is not None:
         raise service.failure(final)
-    text = visible_text(service.tokenizer.decode(final.tokens, skip_special_tokens=True), stops, True)
-    return JSONResponse(fmt.full(text, final).model_dump(), headers=headers)
+    text = TextStream(service.tokenizer, stops=stops).full(final.tokens)
+    return JSONResponse(fmt.full(text, final), headers=headers)
 
 
 async def _final(service: Service, gen: Generation, request: Request) -> Update | None:
@@ -186,7 +203,7 @@ async def _final(service: Service, gen: Generation, request: Request) -> Update 
 async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt: ResponseFormat,
                   usage: bool) -> AsyncIterator[dict[str, str]]:
     """SSE events of one streamed request; cancels it if the stream is torn down early."""
-    sent, final = "", None
+    text, final = TextStream(service.tokenizer, stops=stops), None
     try:
         if fmt.chat:
             yield fmt.role_chunk()
@@ -196,9 +213,7 @@ async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt
                 final = update
                 yield {"data": json.dumps(service.failure(update).body())}
                 break
-            text = service.tokenizer.decode(update.tokens, skip_special_tokens=True)
-            piece = delta(sent, visible_text(text, stops, update.finished))
-            sent += piece
+            piece = text.piece(update.tokens, update.finished)
             final = update if update.finished else None
             if piece or final is not None:
                 yield fmt.chunk(piece, None if final is None else final.finish_reason, update)

@@ -36,10 +36,8 @@ class DrainingServer(uvicorn.Server):
 
 def build_service(cfg: ServingConfig, model_name: str | None = None) -> Service:
     """Load the models a ServingConfig names (the one engine build of the server)."""
-    from runtime.serving.engine import build_engine
-
-    serving = build_engine(cfg)
-    return Service(serving, cfg, model_name or default_model_name(serving.model_name))
+    built = cfg.build()
+    return Service(built.engine, cfg, model_name or default_model_name(built.models.name))
 
 
 def default_model_name(label: str) -> str:

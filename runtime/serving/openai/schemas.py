@@ -1,4 +1,5 @@
-"""OpenAI request and response bodies (the fields `trtllm-serve` accepts), as pydantic models.
+"""OpenAI request bodies (the fields `trtllm-serve` accepts), as pydantic models (responses:
+`responses.py`, plain dicts of the same shapes).
 
 Requests are strict (no "5" for 5, no true for 1) and closed: an unknown field is an
 error, never silently dropped. Fields that OpenAI defines but this server cannot honour
@@ -159,59 +160,3 @@ class ChatCompletionRequest(GenerationRequest):
         ]
         own = next(((field, message) for field, bad, message in checks if bad), None)
         return own or super().unsupported()
-
-
-# ---------------------------------------------------------------------- responses
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: dict | None = None  # {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
-    finish_reason: Literal["stop", "length"] | None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: Delta
-    logprobs: dict | None = None  # {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}
-    finish_reason: Literal["stop", "length"] | None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion", "chat.completion.chunk"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "cast-trtllm"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

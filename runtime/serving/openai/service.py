@@ -3,7 +3,7 @@ from its thread to asyncio.
 
 The scheduler thread calls `Generation.on_tokens` / `on_done`; each hands a snapshot to
 the server's event loop with `call_soon_threadsafe` into the request's asyncio.Queue, and
-records the metrics on the way. `build_request` is the ONE place an engine request is made.
+records the metrics on the way.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cast_trtllm.sampling import SamplingParams
-from runtime.engine import Request
+from runtime.engine import LLMEngine, Request
 from runtime.serving.config import ServingConfig
 from runtime.serving.openai.errors import APIError
 from runtime.serving.openai.metrics import ServerMetrics
-from runtime.serving.openai.schemas import CastOptions
 from runtime.serving.scheduler import Overloaded, Scheduler
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine → OpenAI
@@ -35,23 +33,6 @@ class Update:
     error: str | None = None
     logprobs: list[float] = field(default_factory=list)  # per token, when the request asked for them
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-
-
-def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
-                  top_k: int, seed: int | None, stops: tuple[str, ...], ignore_eos: bool,
-                  cast: CastOptions, min_tokens: int = 0, stop_token_ids: tuple[int, ...] = (),
-                  bad_words: tuple[tuple[int, ...], ...] = (), logprobs: int | None = None) -> Request:
-    """The engine request of one API call (sampling already range-checked by the schema).
-
-    `cast.method` / `cast.budget` left out (None) take the engine's SpecConfig defaults.
-    min_tokens / stop_token_ids / bad_words (token ids) run in the engine; logprobs: top
-    entries per token (None: no logprobs kept).
-    """
-    sampling = SamplingParams(temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
-                              seed=None if seed is None else seed % (1 << 63))
-    return Request(tuple(prompt_ids), max_tokens, sampling, stops, cast.method, cast.budget,
-                   ignore_eos=ignore_eos, request_id=request_id, stop_token_ids=stop_token_ids,
-                   min_tokens=min_tokens, bad_words=bad_words, logprobs=logprobs)
 
 
 class Generation:
@@ -106,9 +87,8 @@ class Generation:
 class Service:
     """Engine + scheduler + metrics of one server; `draining` once shutdown has begun."""
 
-    def __init__(self, serving: Any, cfg: ServingConfig, model_name: str) -> None:
-        """serving: `runtime.serving.engine.ServingEngine` (the engine, its tokenizer)."""
-        self.engine, self.tokenizer = serving.engine, serving.tokenizer
+    def __init__(self, engine: LLMEngine, cfg: ServingConfig, model_name: str) -> None:
+        self.engine, self.tokenizer = engine, engine.tokenizer
         self.cfg, self.model_name = cfg, model_name
         self.created = int(time.time())
         self.metrics = ServerMetrics()

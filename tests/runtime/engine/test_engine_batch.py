@@ -13,24 +13,13 @@ from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.tree import build_tree
 from cast_trtllm.spec_config import SpecConfig
 from cast_trtllm.width import WidthPolicy
-from runtime.drafter.checkpoint import random_drafter
 from runtime.drafter.executor import DrafterExecutor
 from runtime.engine import LLMEngine, Request
 from runtime.engine.trees import MeanBudget
 from runtime.engine.backend import TorchTarget
-from tests.runtime.doubles import prefilled, random_target
+from tests.runtime.doubles import prefilled
 
-VOCAB, L = 64, 4
-
-
-@pytest.fixture(scope="module")
-def target():
-    return random_target(seed=3, vocab_size=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return random_drafter(target.config, num_layers=1, block_size=L + 1, seed=4, init_std=0.3)
+VOCAB, L = 64, 4  # the shared target's and drafter's (conftest.py)
 
 
 def prompts(count: int, seed: int = 0) -> list[tuple[int, ...]]:

@@ -7,22 +7,10 @@ import numpy as np
 import pytest
 
 from cast_trtllm.spec_config import SpecConfig
-from runtime.drafter.checkpoint import random_drafter
 from runtime.drafter.executor import DrafterExecutor
 from runtime.engine import LLMEngine, Request
-from tests.runtime.doubles import random_target
 
-VOCAB, L = 64, 4
-
-
-@pytest.fixture(scope="module")
-def target():
-    return random_target(seed=3, vocab_size=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return DrafterExecutor(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=4, init_std=0.3), target)
+VOCAB = 64  # the shared target's (conftest.py)
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -35,7 +23,8 @@ def _alone(target, prompt, max_new):  # one chunk: the whole prompt in the first
 
 
 def test_add_request_runs_no_pass_and_a_long_prompt_is_prefilled_in_budgeted_chunks(target, drafter):
-    engine = LLMEngine(target, drafter, spec=SpecConfig(method="cast", budget=3), max_num_tokens=24)
+    engine = LLMEngine(target, DrafterExecutor(drafter, target), spec=SpecConfig(method="cast", budget=3),
+                       max_num_tokens=24)
     prompt = _prompt(70, seed=1)
     seq = engine.add_request(Request(prompt, 10))
     assert seq.prefilling and seq.prefilled == 0 and seq.tokens == []
@@ -53,7 +42,7 @@ def test_add_request_runs_no_pass_and_a_long_prompt_is_prefilled_in_budgeted_chu
 
 @pytest.mark.parametrize("method, budget", [("ar", None), ("chain", None), ("cast", 7)])
 def test_a_prompt_joining_a_busy_batch_rides_the_decode_rounds(target, drafter, method, budget):
-    engine = LLMEngine(target, drafter, spec=SpecConfig(method="cast"), max_num_tokens=20)
+    engine = LLMEngine(target, DrafterExecutor(drafter, target), spec=SpecConfig(method="cast"), max_num_tokens=20)
     busy = [engine.add_request(Request(_prompt(6, seed=10 + i), 30, method=method, budget=budget)) for i in range(3)]
     engine.step()  # the three short prompts, in one round
     assert not any(s.prefilling for s in busy) and all(len(s.tokens) == 1 for s in busy)

@@ -15,8 +15,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from runtime.engine import Request  # noqa: E402
-from runtime.serving.engine import build_engine  # noqa: E402
-from runtime.serving.openai.text import render_chat, tokenize  # noqa: E402
+from runtime.serving.openai.app import render_chat, tokenize  # noqa: E402
 from tests.runtime.serving.openai_server import running  # noqa: E402
 from tests.runtime.serving.test_openai_server import CFG, MODEL  # noqa: E402
 
@@ -32,8 +31,8 @@ def client():
 @pytest.fixture(scope="module")
 def ar():
     """The AR path of the same engine build, decoding one prompt (str) or conversation alone."""
-    serving = build_engine(CFG)
-    tok = serving.tokenizer
+    serving = CFG.build()
+    tok = serving.engine.tokenizer
 
     def decode(prompt, **kw):
         if isinstance(prompt, str):

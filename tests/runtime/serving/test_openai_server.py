@@ -18,8 +18,7 @@ pytest.importorskip("uvicorn")
 
 from runtime.engine import Request  # noqa: E402
 from runtime.serving.cli import serve  # noqa: E402
-from runtime.serving.engine import build_engine  # noqa: E402
-from runtime.serving.openai.text import render_chat, tokenize  # noqa: E402
+from runtime.serving.openai.app import render_chat, tokenize  # noqa: E402
 from tests.runtime.serving.openai_server import running  # noqa: E402
 from tests.runtime.serving.tiny_model import tiny_config  # noqa: E402
 
@@ -42,8 +41,8 @@ def client(server):
 def alone():
     """Greedy text of a prompt (str) or conversation (list) decoded by itself, by a separate
     engine over the same checkpoint: (text, token count)."""
-    serving = build_engine(CFG)
-    tok = serving.tokenizer
+    serving = CFG.build()
+    tok = serving.engine.tokenizer
 
     def decode(prompt: str | list[dict], max_tokens: int, method: str = "cast") -> tuple[str, int]:
         if isinstance(prompt, str):
@@ -187,7 +186,7 @@ def test_serve_refuses_flags_the_chosen_api_would_ignore(args, message):
 
 @pytest.mark.slow  # loading the embedded model takes ~30-65 s on 2 shared cores
 def test_embedded_model_chat_through_its_template_equals_the_engine_alone():
-    from runtime.embedded import EmbeddedModelMissing
+    from runtime.loader import EmbeddedModelMissing
     from runtime.serving.config import ServingConfig
 
     cfg = ServingConfig(device="cpu", max_tokens_limit=32, default_max_tokens=16, shutdown_grace_s=5)

@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from runtime.engine import Request
-from runtime.serving.engine import build_engine
 from runtime.serving.scheduler import Overloaded, Scheduler
 from tests.runtime.serving.tiny_model import tiny_config
 
@@ -16,7 +15,7 @@ CFG = tiny_config(max_tokens_limit=16, default_max_tokens=4)
 
 @pytest.fixture(scope="module")
 def engine():
-    return build_engine(CFG)  # a ServingEngine: .engine is the LLMEngine
+    return CFG.build()  # runtime.engine.build.Built: .engine is the LLMEngine
 
 
 class Outcome:

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from runtime.engine import Request
-from runtime.serving.engine import build_engine
 from runtime.serving.repo import write_repo
 from runtime.serving.server import TritonServer
 from tests.runtime.serving.tiny_model import tiny_config
@@ -71,14 +70,14 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def alone():
     """Greedy token ids of one prompt decoded by itself (in this process, same checkpoint)."""
-    built = build_engine(CFG)
+    built = CFG.build()
 
     def decode(prompt: str, max_tokens: int = 16, method: str | None = None, end_id: int | None = None) -> list[int]:
         req = Request(tuple(built.encode(prompt)), max_tokens, method=method, ignore_eos=end_id is not None)
         ids = built.engine.generate([req])[0].token_ids
         return ids[: ids.index(end_id) + 1] if end_id in ids else ids
 
-    decode.text = lambda ids: built.tokenizer.decode(ids, skip_special_tokens=True)
+    decode.text = lambda ids: built.engine.tokenizer.decode(ids, skip_special_tokens=True)
     return decode
 
 

@@ -9,7 +9,6 @@ import queue
 import pytest
 
 from runtime.engine import Request
-from runtime.serving.engine import build_engine
 from tests.runtime.serving.test_server import CFG, first, inputs, start_server
 
 pytestmark = pytest.mark.server
@@ -27,7 +26,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built():
-    return build_engine(CFG)
+    return CFG.build()
 
 
 def _alone(built, method: str = "ar", **processing) -> list[int]:
@@ -55,8 +54,8 @@ def _ask(server, **values) -> tuple[list[int], str]:
 def _word(built, ids: list[int]) -> tuple[str, tuple[int, ...]]:
     """A 2-token word of `ids` (after its 3rd token) whose text tokenizes back to those tokens."""
     for i in range(3, len(ids) - 1):
-        text = built.tokenizer.decode(ids[i:i + 2])
-        if built.tokenizer(text, add_special_tokens=False).input_ids == ids[i:i + 2]:
+        text = built.engine.tokenizer.decode(ids[i:i + 2])
+        if built.engine.tokenizer(text, add_special_tokens=False).input_ids == ids[i:i + 2]:
             return text, tuple(ids[i:i + 2])
     raise AssertionError(f"no 2-token word of {ids} round-trips through the tokenizer")
 
