@@ -51,3 +51,23 @@ def test_latency_runs_the_engine_and_the_peers_side_by_side_and_lossless_rows_eq
     assert set(rows) == ran and set(report["peers"]) == ran & {"hf", "dflash"}
     assert all(r["lossless"] and r["equal_to_ar"] == r["requests"] == 2 for r in rows.values())
     assert all(r["speedup_over_ar"] > 0 and r["ms_per_token"] > 0 for r in rows.values())
+
+
+def test_repeats_rotate_the_method_order_and_each_cell_reports_its_median_run():
+    from perf.harness import MethodSpec
+    from perf.throughput import sweep_cells
+
+    methods, calls = [MethodSpec("ar"), MethodSpec("chain"), MethodSpec("cast", 3)], []
+
+    def measure(c, m):
+        calls.append((c, m.label))
+        k = sum(1 for x in calls if x == (c, m.label))  # run k of this cell
+        return {"concurrency": c, "method": m.label, "tokens_per_s": {1: 10.0, 2: 30.0, 3: 20.0}[k],
+                "equal_to_ar": 3 if k == 2 else 4, "requests": 4}
+
+    rows = sweep_cells([1, 4], methods, 3, measure, progress=False)
+    assert [label for c, label in calls[:9]] == ["ar", "chain", "cast:3", "chain", "cast:3", "ar",
+                                                 "cast:3", "ar", "chain"]
+    assert [(r["concurrency"], r["method"]) for r in rows] == [(c, m.label) for c in (1, 4) for m in methods]
+    assert all(r["tokens_per_s"] == 20.0 and r["runs_tokens_per_s"] == [10.0, 30.0, 20.0] for r in rows)
+    assert all(r["equal_to_ar"] == 3 for r in rows)  # the fewest of its runs: one run that differs shows
