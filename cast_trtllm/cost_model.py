@@ -135,11 +135,9 @@ class OnlineCostModel:
         # stalled first reading must not hide a bucket that the other cells say is cheap
         out = [f if b not in own else own[b] if len(row[b]) >= self.min_readings else min(own[b], f)
                for b, f in zip(self.buckets, filled.tolist())]
-        # the read cells, non-decreasing in width: a narrower pack could always run padded to a
-        # wider bucket, so a narrow cell read dearer than a wider READ one is a stall, not a cost
         read = [j for j, b in enumerate(self.buckets) if len(row.get(b, ())) >= self.min_readings]
         for j, cheapest in zip(read, np.minimum.accumulate([out[j] for j in read][::-1])[::-1]):
-            out[j] = float(cheapest)
+            out[j] = float(cheapest)  # a narrow pack could run padded wider: a dearer narrow read cell is a stall
         return np.maximum(out, MIN_MS)
 
     def _fill(self, x: np.ndarray, x_cells: np.ndarray, y_cells: np.ndarray) -> np.ndarray:
