@@ -28,12 +28,16 @@ output cast back to q's dtype. Supported dtypes: float32, bfloat16, float16 (q, 
 all the same dtype).
 """
 from __future__ import annotations
-
 import math
+from collections.abc import Sequence
 
 import torch
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INPUT_NAMES = ("q", "k_prefix", "v_prefix", "k_pack", "v_pack", "bitmask", "cu_seqlens", "cu_prefix")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+_RANKS = (3, 3, 3, 3, 3, 2, 1, 1)
+
+Dim = int | None  # None: not known until run time (a dynamic TensorRT dim)
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:
@@ -43,6 +47,41 @@ def resolve_scale(scale: float | None, head_dim: int) -> float:
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     return float(scale)
+
+
+def _same(a: Dim, b: Dim) -> bool:
+    return a is None or b is None or a == b
+
+
+def check_layout(shapes: Sequence[tuple[Dim, ...]], dtypes: Sequence[str]) -> None:
+    """The contract's shape and dtype rules, one (shape, dtype name) per input in `INPUT_NAMES`
+    order; dims may be None (unknown until run time). ValueError names the input that breaks it."""
+    for name, shape, rank in zip(INPUT_NAMES, shapes, _RANKS):
+        if len(shape) != rank:
+            raise ValueError(f"{name} must have rank {rank}, got shape {tuple(shape)}")
+    if dtypes[0] not in FLOAT_DTYPES:
+        raise ValueError(f"q dtype {dtypes[0]!r} is not supported; use one of {FLOAT_DTYPES}")
+    for name, dtype in zip(INPUT_NAMES[1:5], dtypes[1:5]):
+        if dtype != dtypes[0]:
+            raise ValueError(f"{name} has dtype {dtype!r} but q has {dtypes[0]!r}; q, k and v must share one dtype")
+    for name, dtype in zip(INPUT_NAMES[5:], dtypes[5:]):
+        if dtype != "int32":
+            raise ValueError(f"{name} must be int32, got {dtype!r}")
+    (total, num_q_heads, head_dim), num_kv_heads = shapes[0], shapes[3][1]
+    if num_kv_heads == 0 or (None not in (num_q_heads, num_kv_heads) and num_q_heads % num_kv_heads):
+        raise ValueError(f"q heads ({num_q_heads}) must be a multiple of kv heads ({num_kv_heads})")
+    for name, shape in zip(INPUT_NAMES[1:5], shapes[1:5]):
+        if not (_same(shape[1], num_kv_heads) and _same(shape[2], head_dim)):
+            raise ValueError(f"{name} must be [*, Hkv={num_kv_heads}, D={head_dim}], got {tuple(shape)}")
+    for name, shape in zip(INPUT_NAMES[3:6], shapes[3:6]):
+        if not _same(shape[0], total):
+            raise ValueError(f"{name} has {shape[0]} rows but q has {total}; both are the packed tokens T")
+    if not _same(shapes[1][0], shapes[2][0]):
+        raise ValueError(f"k_prefix ({shapes[1][0]}) and v_prefix ({shapes[2][0]}) must have equal rows")
+    if shapes[5][1] == 0:
+        raise ValueError("bitmask needs W >= 1 words per row")
+    if not _same(shapes[6][0], shapes[7][0]) or shapes[6][0] in (0, 1):
+        raise ValueError(f"cu_seqlens ({shapes[6][0]}) and cu_prefix ({shapes[7][0]}) must both be [B+1], B >= 1")
 
 
 def check_inputs(
@@ -56,64 +95,21 @@ def check_inputs(
     cu_prefix: torch.Tensor,  # [B+1] int32
     check_values: bool = True,
 ) -> None:
-    """Raise ValueError with an actionable message if the inputs break the contract.
-
-    Shape/dtype/device checks are free; `check_values=True` also reads cu_seqlens,
-    cu_prefix (one host sync on GPU) to check their contents against T, S and W.
-    """
-    for name, t in (("q", q), ("k_prefix", k_prefix), ("v_prefix", v_prefix),
-                    ("k_pack", k_pack), ("v_pack", v_pack)):
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D [tokens, heads, head_dim], got shape {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name} has dtype {t.dtype} but q has {q.dtype}; cast all of q/k/v to one dtype")
+    """`check_layout` on tensors, plus one device for all; `check_values=True` also reads
+    cu_seqlens and cu_prefix (one host sync on GPU) to check them against T, S and W."""
+    tensors = (q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix)
+    for name, t in zip(INPUT_NAMES, tensors):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move all inputs to one device")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"q dtype {q.dtype} is not supported; use one of {SUPPORTED_DTYPES}")
-    total, num_q_heads, head_dim = q.shape
-    if k_pack.shape != v_pack.shape or k_prefix.shape != v_prefix.shape:
-        raise ValueError(
-            f"keys and values must have equal shapes: k_pack {tuple(k_pack.shape)} vs v_pack "
-            f"{tuple(v_pack.shape)}, k_prefix {tuple(k_prefix.shape)} vs v_prefix {tuple(v_prefix.shape)}"
-        )
-    if k_pack.shape[0] != total:
-        raise ValueError(f"k_pack has {k_pack.shape[0]} rows but q has {total}; pack K/V rows must match q rows")
-    num_kv_heads = k_pack.shape[1]
-    if k_prefix.shape[1] != num_kv_heads or k_prefix.shape[2] != head_dim or k_pack.shape[2] != head_dim:
-        raise ValueError(
-            f"k_prefix {tuple(k_prefix.shape)} and k_pack {tuple(k_pack.shape)} must share "
-            f"[*, Hkv, D] with D = q.shape[2] = {head_dim}"
-        )
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
-        raise ValueError(f"q heads ({num_q_heads}) must be a multiple of kv heads ({num_kv_heads})")
-    if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[0] != total or bitmask.shape[1] < 1:
-        raise ValueError(
-            f"bitmask must be int32 [T={total}, W>=1], got {bitmask.dtype} {tuple(bitmask.shape)}; "
-            "build it with cast_trtllm.masks.batched_bitmask"
-        )
-    for name, cu in (("cu_seqlens", cu_seqlens), ("cu_prefix", cu_prefix)):
-        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
-            raise ValueError(f"{name} must be int32 [B+1] with B >= 1, got {cu.dtype} {tuple(cu.shape)}")
-    if cu_seqlens.shape != cu_prefix.shape:
-        raise ValueError(
-            f"cu_seqlens {tuple(cu_seqlens.shape)} and cu_prefix {tuple(cu_prefix.shape)} must both be [B+1]"
-        )
-    for name, t in (("bitmask", bitmask), ("cu_seqlens", cu_seqlens), ("cu_prefix", cu_prefix)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move all inputs to one device")
+    check_layout([tuple(t.shape) for t in tensors], [str(t.dtype).removeprefix("torch.") for t in tensors])
     if check_values:
-        _check_offsets("cu_seqlens", cu_seqlens, total)
-        _check_offsets("cu_prefix", cu_prefix, k_prefix.shape[0])
+        for name, cu, total in (("cu_seqlens", cu_seqlens, q.shape[0]), ("cu_prefix", cu_prefix, k_prefix.shape[0])):
+            values = cu.tolist()
+            if values[0] != 0 or values[-1] != total or any(b < a for a, b in zip(values, values[1:])):
+                raise ValueError(f"{name} must start at 0, never decrease and end at {total}; got {values}")
         longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         if 32 * bitmask.shape[1] < longest:
             raise ValueError(
                 f"bitmask has {bitmask.shape[1]} words per row but the longest pack has {longest} tokens; "
                 f"need W >= ceil({longest}/32) = {-(-longest // 32)}"
             )
-
-
-def _check_offsets(name: str, cu: torch.Tensor, total: int) -> None:
-    values = cu.tolist()
-    if values[0] != 0 or values[-1] != total or any(b < a for a, b in zip(values, values[1:])):
-        raise ValueError(f"{name} must start at 0, never decrease and end at {total}; got {values}")
