@@ -46,7 +46,7 @@ import torch
 
 from cast_trtllm.sampling import SamplingParams, target_probs
 from cast_trtllm.tree import Tree
-from cast_trtllm.verify import Acceptance, NodeTargets, walk_samples
+from cast_trtllm.verify import Acceptance, NodeTargets, check_target_rows, walk_samples
 
 RULES = ("cactus", "mentored", "r-fuzzy", "spec-casc", "ensemble", "spec-contrastive")
 DIVERGENCES = ("js", "tv", "kl")
@@ -213,8 +213,7 @@ def _node_targets(
 ) -> NodeTargets:
     if params.greedy:
         raise ValueError("relaxed rules are sampling rules: use temperature > 0")
-    if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_packed:
-        raise ValueError(f"target_logits must be [n={tree.num_packed}, V], got {tuple(target_logits.shape)}")
+    check_target_rows(target_logits, tree)
     vocab = target_logits.shape[1]
     if draft_logits.dim() != 2 or draft_logits.shape[1] != vocab or draft_logits.shape[0] < tree.max_depth:
         raise ValueError(

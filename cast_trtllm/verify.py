@@ -10,7 +10,7 @@ Either one becomes the next pending root (`Acceptance.next_root`); a round alway
 commits `len(path) + 1` tokens.
 
 Greedy path (T = 0): from the root descend to the child whose token equals the target
-argmax at the current row, while one exists (`greedy_walk`, `greedy_walk_batched`).
+argmax at the current row, while one exists (`greedy_walk`).
 
 Random path (T > 0): the proposal-aware verifier of Theorem 3 (`stochastic_walk`). At a
 visited node v the residual starts at mu = p_v (the target law after the fixed logit
@@ -35,7 +35,7 @@ back to p_v, the node's own target law.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,15 +86,6 @@ def _children_csr(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
     return offsets, kids
 
 
-def _as_row_tokens(name: str, values: np.ndarray | torch.Tensor, length: int) -> np.ndarray:
-    arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    if arr.shape != (length,) or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(
-            f"{name} must be an integer array of shape ({length},), got {arr.dtype} {arr.shape}"
-        )
-    return arr.astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- greedy path
 
 
@@ -104,7 +95,10 @@ def greedy_walk(tree: Tree, target_argmax: np.ndarray | torch.Tensor) -> Accepta
     target_argmax: [n] int, the target argmax at each pack row (n = tree.num_packed).
     Siblings with equal tokens: the first stored (best-scoring) one is followed.
     """
-    argmax = _as_row_tokens("target_argmax", target_argmax, tree.num_packed)
+    argmax = target_argmax.cpu().numpy() if isinstance(target_argmax, torch.Tensor) else np.asarray(target_argmax)
+    if argmax.shape != (tree.num_packed,) or not np.issubdtype(argmax.dtype, np.integer):
+        raise ValueError(f"target_argmax must be integers of shape ({tree.num_packed},), got {argmax.dtype} "
+                         f"{argmax.shape}")
     offsets, kids = _children_csr(tree)
     row = 0
     while True:
@@ -113,20 +107,6 @@ def greedy_walk(tree: Tree, target_argmax: np.ndarray | torch.Tensor) -> Accepta
         if len(match) == 0:
             return Acceptance.from_last(tree, row, argmax[row])
         row = int(match[0])
-
-
-def greedy_walk_batched(
-    trees: Sequence[Tree],
-    target_argmax: np.ndarray | torch.Tensor,  # [sum n_b] int, rows of all packs concatenated
-    cu_seqlens: np.ndarray | torch.Tensor,  # [B + 1] int, pack b owns rows cu[b]:cu[b+1]
-) -> list[Acceptance]:
-    """`greedy_walk` on each pack of a ragged batch (layout of `masks.cu_seqlens`)."""
-    cu = _as_row_tokens("cu_seqlens", cu_seqlens, len(trees) + 1)
-    sizes = np.array([t.num_packed for t in trees], np.int64)
-    if cu[0] != 0 or np.any(np.diff(cu) != sizes):
-        raise ValueError(f"cu_seqlens {cu.tolist()} does not match the packed tree sizes {sizes.tolist()}")
-    argmax = _as_row_tokens("target_argmax", target_argmax, int(cu[-1]))
-    return [greedy_walk(t, argmax[cu[b] : cu[b + 1]]) for b, t in enumerate(trees)]
 
 
 # ----------------------------------------------------------------------------- random path
@@ -233,12 +213,14 @@ def walk_samples(
     return last, next_root
 
 
-def _target_rows(target_logits: torch.Tensor, params: SamplingParams, tree: Tree) -> NodeTargets:
+def check_target_rows(target_logits: torch.Tensor, tree: Tree) -> None:
     if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_packed:
-        raise ValueError(
-            f"target_logits must be [n={tree.num_packed}, V] (one row per packed token), "
-            f"got {tuple(target_logits.shape)}"
-        )
+        raise ValueError(f"target_logits must be [n={tree.num_packed}, V] (one row per packed token), "
+                         f"got {tuple(target_logits.shape)}")
+
+
+def _target_rows(target_logits: torch.Tensor, params: SamplingParams, tree: Tree) -> NodeTargets:
+    check_target_rows(target_logits, tree)
 
     def lossless(row: int, child_tokens: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, None]:
         return target_probs(target_logits[row : row + 1], params)[0], None
@@ -257,7 +239,7 @@ def stochastic_walk(
     Seeded and reproducible: all randomness comes from `generator` (a CPU generator).
     """
     if params.greedy:
-        _target_rows(target_logits, params, tree)  # shape check
+        check_target_rows(target_logits, tree)
         return greedy_walk(tree, target_logits.argmax(dim=1))
     last, next_root = walk_samples(tree, _target_rows(target_logits, params, tree), 1, generator)
     return Acceptance.from_last(tree, int(last[0]), int(next_root[0]))

@@ -15,7 +15,6 @@ from cast_trtllm.sampling import SamplingParams, sample_from, target_probs
 from cast_trtllm.tree import Tree, build_chain, build_tree
 from cast_trtllm.verify import (
     greedy_walk,
-    greedy_walk_batched,
     sample_walks,
     stochastic_walk,
     walk_samples,
@@ -92,31 +91,6 @@ def test_greedy_walk_on_the_root_only_tree_is_one_autoregressive_step():
 def test_greedy_walk_rejects_target_rows_of_the_wrong_length():
     with pytest.raises(ValueError, match="target_argmax"):
         greedy_walk(BRANCHY, np.zeros(6, np.int64))
-
-
-def test_batched_greedy_walk_equals_the_per_tree_walk():
-    rng = np.random.default_rng(0)
-    trees, rows = [], []
-    for b in range(12):
-        lp = np.sort(np.log(rng.dirichlet(np.ones(V), size=4)), axis=1)[:, ::-1][:, :3]
-        ids = np.stack([rng.permutation(V)[:3] for _ in range(4)])
-        tree = build_tree(ids, lp, budget=int(rng.integers(0, 12)))
-        # target argmax: mostly follow some child, sometimes a random token
-        argmax = rng.integers(0, V, tree.num_packed)
-        for row in range(tree.num_packed):
-            kids = tree.children(row)
-            if len(kids) and rng.random() < 0.7:
-                argmax[row] = tree.tokens[rng.choice(kids) - 1]
-        trees.append(tree)
-        rows.append(argmax)
-    cu = np.concatenate([[0], np.cumsum([t.num_packed for t in trees])])
-    batched = greedy_walk_batched(trees, torch.from_numpy(np.concatenate(rows)), torch.from_numpy(cu))
-    for tree, argmax, got in zip(trees, rows, batched):
-        want = greedy_walk(tree, argmax)
-        assert got.path.tolist() == want.path.tolist() and got.next_root == want.next_root
-    assert max(a.num_accepted for a in batched) >= 2
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        greedy_walk_batched(trees, np.concatenate(rows), cu[:-1])
 
 
 # ----------------------------------------------------------------------------- sampling
