@@ -219,7 +219,15 @@ def check_target_rows(target_logits: torch.Tensor, tree: Tree) -> None:
                          f"got {tuple(target_logits.shape)}")
 
 
-def _target_rows(target_logits: torch.Tensor, params: SamplingParams, tree: Tree) -> NodeTargets:
+def lossless_targets(tree: Tree, target_logits: torch.Tensor, params: SamplingParams) -> NodeTargets:
+    """Theorem 3's `NodeTargets`: the residual at pack row r starts from the target law p there.
+
+    target_logits: [n, V] target logits at each pack row. `walk_samples(tree,
+    lossless_targets(...), B, generator)` draws B independent rounds at once (for
+    acceptance statistics and law tests); `stochastic_walk` is one of them.
+    """
+    if params.greedy:
+        raise ValueError("the stochastic walk needs temperature > 0; at T = 0 use greedy_walk (deterministic)")
     check_target_rows(target_logits, tree)
 
     def lossless(row: int, child_tokens: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -241,22 +249,5 @@ def stochastic_walk(
     if params.greedy:
         check_target_rows(target_logits, tree)
         return greedy_walk(tree, target_logits.argmax(dim=1))
-    last, next_root = walk_samples(tree, _target_rows(target_logits, params, tree), 1, generator)
+    last, next_root = walk_samples(tree, lossless_targets(tree, target_logits, params), 1, generator)
     return Acceptance.from_last(tree, int(last[0]), int(next_root[0]))
-
-
-def sample_walks(
-    tree: Tree,
-    target_logits: torch.Tensor,  # [n, V] target logits at each pack row
-    params: SamplingParams,
-    num_samples: int,
-    generator: torch.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
-    """`num_samples` independent `stochastic_walk`s of one round, vectorized.
-
-    For acceptance statistics and distribution tests. Returns (last accepted pack index
-    [B] int64, 0 = nothing accepted; next root [B] int64).
-    """
-    if params.greedy:
-        raise ValueError("sample_walks needs temperature > 0; at T = 0 use greedy_walk (deterministic)")
-    return walk_samples(tree, _target_rows(target_logits, params, tree), num_samples, generator)
