@@ -21,18 +21,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
-from plugins.tree_attention.triton_kernel import dot_precision, head_block, require_triton
 
 AOT_ARCHS = (80, 89, 90, 100)
 KERNEL_NAME = "tree_attention_fwd_kernel"
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
+def head_block(head_dim: int) -> int:
+    """BLOCK_D: head_dim rounded up to a power of two (>= 16, the tl.dot minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def dot_precision(dtype: str) -> str:
+    """fp32 inputs use exact fp32 dots (not tf32) so the kernel meets fp32 tolerance."""
+    return "ieee" if dtype == "float32" else "tf32"
+
+
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
-    """Everything baked into one AOT binary of the kernel."""
+    """Everything baked into one AOT binary of the kernel (and what a JIT launch folds)."""
 
     dtype: str  # "float32" | "float16" | "bfloat16" (q, k, v and out)
     num_q_heads: int
@@ -85,7 +92,7 @@ class KernelSpec:
             GROUP=self.num_q_heads // self.num_kv_heads, HEAD_DIM=self.head_dim,
             BLOCK_D=head_block(self.head_dim),
             BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-            DOT_PRECISION=dot_precision(getattr(torch, self.dtype)),
+            DOT_PRECISION=dot_precision(self.dtype),
         )
 
 
@@ -116,11 +123,11 @@ def compile_binary(spec: KernelSpec, arch: int = 90, ptx_version: int | None = N
     lowers the PTX ISA version for older drivers; by default Triton uses the newest its
     bundled ptxas supports.
     """
+    from plugins.tree_attention.triton_kernel import require_triton, tree_attention_fwd_kernel
+
     require_triton()
     import triton
     from triton.backends.compiler import GPUTarget
-
-    from plugins.tree_attention.triton_kernel import tree_attention_fwd_kernel
 
     if arch not in AOT_ARCHS:
         raise ValueError(f"arch must be one of {AOT_ARCHS} (sm_80/89/90/100), got {arch}")
