@@ -9,7 +9,7 @@ accepts the model once `register_onnx_schema()` has run.
 (Parser behaviour is from NVIDIA's docs and samples; not run here: no TensorRT.)
 
 Inputs, in order (T packed tokens, S prefix tokens, B requests, see
-`plugins.tree_attention.contract` for the full contract):
+`plugins.tree_attention.reference` for the full contract):
     q [T, Hq, D], k_prefix [S, Hkv, D], v_prefix [S, Hkv, D], k_pack [T, Hkv, D],
     v_pack [T, Hkv, D], bitmask int32 [T, W], cu_seqlens int32 [B+1], cu_prefix int32 [B+1]
 Output: out [T, Hq, D], dtype of q.

@@ -1,7 +1,7 @@
 """Tree-attention op: packed ragged queries over prefix + ancestor-masked pack K/V.
 
-Contract and layout: `plugins.tree_attention.contract`. Backends: `reference` (torch,
-the spec) and `triton` (the kernel; CUDA, or CPU under TRITON_INTERPRET=1). The TensorRT
+Contract, layout and the torch reference (the spec): `plugins.tree_attention.reference`.
+The Triton kernel: `triton_kernel` (CUDA, or CPU under TRITON_INTERPRET=1). The TensorRT
 plugin (`trt_plugin`) runs the same kernel compiled ahead of time (`aot`).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Triton forward kernel of the tree-attention op (contract in `contract.py`).
+"""Triton forward kernel of the tree-attention op (contract in `reference.py`).
 
 Grid: (num_query_tiles, Hq). Query tiles never cross requests: request r owns
 ceil(n_r / BLOCK_M) consecutive tiles, and each program finds its (request, tile) by a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from plugins.tree_attention.aot import KernelSpec
-from plugins.tree_attention.contract import check_inputs
+from plugins.tree_attention.reference import check_inputs
 
 try:
     import triton

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from plugins.onnx_schema import OP_TYPE, PLUGIN_NAMESPACE
 from plugins.tree_attention.aot import KernelSpec, compile_kernel
-from plugins.tree_attention.contract import Dim, check_layout
+from plugins.tree_attention.reference import Dim, check_layout
 
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{OP_TYPE}"
 MIN_TENSORRT = (10, 9)
