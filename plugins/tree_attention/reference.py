@@ -87,20 +87,11 @@ def check_layout(shapes: Sequence[tuple[Dim, ...]], dtypes: Sequence[str]) -> No
         raise ValueError(f"cu_seqlens ({shapes[6][0]}) and cu_prefix ({shapes[7][0]}) must both be [B+1], B >= 1")
 
 
-def check_inputs(
-    q: torch.Tensor,  # [T, Hq, D]
-    k_prefix: torch.Tensor,  # [S, Hkv, D]
-    v_prefix: torch.Tensor,  # [S, Hkv, D]
-    k_pack: torch.Tensor,  # [T, Hkv, D]
-    v_pack: torch.Tensor,  # [T, Hkv, D]
-    bitmask: torch.Tensor,  # [T, W] int32
-    cu_seqlens: torch.Tensor,  # [B+1] int32
-    cu_prefix: torch.Tensor,  # [B+1] int32
-    check_values: bool = True,
-) -> None:
-    """`check_layout` on tensors, plus one device for all; `check_values=True` also reads
-    cu_seqlens and cu_prefix (one host sync on GPU) to check them against T, S and W."""
-    tensors = (q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix)
+def check_inputs(tensors: Sequence[torch.Tensor], check_values: bool = True) -> None:
+    """`check_layout` on the 8 input tensors (`INPUT_NAMES` order), plus one device for all;
+    `check_values=True` also reads cu_seqlens and cu_prefix (one host sync on GPU) to check
+    them against T, S and W."""
+    q, k_prefix, _, _, _, bitmask, cu_seqlens, cu_prefix = tensors
     for name, t in zip(INPUT_NAMES, tensors):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move all inputs to one device")
@@ -137,7 +128,7 @@ def tree_attention_reference(
     scale: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D], dtype of q
     """Ancestor-masked attention of every packed query over its request's prefix + pack."""
-    check_inputs(q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix)
+    check_inputs((q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix))
     scale = resolve_scale(scale, q.shape[2])
     group = q.shape[1] // k_pack.shape[1]
     out = torch.zeros_like(q)

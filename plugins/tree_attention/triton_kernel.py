@@ -158,7 +158,7 @@ def tree_attention_triton(
     compiled = isinstance(tree_attention_fwd_kernel, triton.runtime.jit.JITFunction)  # vs interpreter
     if not q.is_cuda and compiled:
         raise ValueError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before importing triton)")
-    check_inputs(q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, check_values)
+    check_inputs((q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix), check_values)
     total, num_q_heads, head_dim = q.shape
     num_requests = cu_seqlens.shape[0] - 1
     out = torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -82,16 +82,11 @@ def tensorrt_status() -> str | None:
     return None
 
 
-def require_tensorrt() -> None:
-    status = tensorrt_status()
-    if status is not None:
-        raise RuntimeError(status)
-
-
 def register_plugin() -> None:
     """Register `cast::tree_attention` with TensorRT's plugin registry (idempotent)."""
     global _registered
-    require_tensorrt()
+    if (status := tensorrt_status()) is not None:
+        raise RuntimeError(status)
     if not _registered:
         _define()
         _registered = True
