@@ -18,9 +18,9 @@ memory: `shared_mem` bytes.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from plugins.tree_attention.reference import resolve_scale
 
 AOT_ARCHS = (80, 89, 90, 100)
 KERNEL_NAME = "tree_attention_fwd_kernel"
@@ -66,12 +66,7 @@ class KernelSpec:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot minimum), got {value}")
-        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"scale must be a positive finite float or None, got {self.scale!r}")
-
-    @property
-    def resolved_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+        resolve_scale(self.scale, self.head_dim)  # ValueError unless None or positive finite
 
     def signature(self) -> dict[str, str]:
         """Triton signature: runtime pointer/int types, 'constexpr' for everything folded."""
@@ -85,7 +80,7 @@ class KernelSpec:
         """Folded scalars: scale, contiguous strides, tile shapes."""
         q_row, kv_row, d = self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.head_dim
         return dict(
-            sm_scale=self.resolved_scale,
+            sm_scale=resolve_scale(self.scale, self.head_dim),
             stride_qt=q_row, stride_qh=d, stride_kpt=kv_row, stride_kph=d, stride_vpt=kv_row, stride_vph=d,
             stride_kt=kv_row, stride_kh=d, stride_vt=kv_row, stride_vh=d, stride_mt=self.mask_words,
             stride_ot=q_row, stride_oh=d,
