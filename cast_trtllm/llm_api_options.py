@@ -154,7 +154,8 @@ def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmA
     if block is None:
         return LlmApiOptions(None, ignored_keys=ignored)
     parsed = parse_speculative_config(block, base)
-    notes = (*parsed.notes, *(f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored))
+    unused = (f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored)
+    notes = (*parsed.notes, *unused)
     return LlmApiOptions(parsed.spec, parsed.speculative_model, parsed.expect_drafter, notes, ignored)
 
 

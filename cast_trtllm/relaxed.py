@@ -31,9 +31,10 @@ is accepted with probability min(1, pi_rej(x) / q~(x)); after a rejection the no
 Theorem 3's lossless recursion on the relaxed residual norm((pi_res_x - q~)_+), so the
 node commits exactly the law of the paper's one-draft rule with q replaced by q~
 (`committed_law`; its `total_variation` from p is the per-step loss). For rules whose pi
-is a law that does not depend on x this is Theorem 3 applied to pi: the node commits pi exactly, whatever the tree shape. A leaf
-commits a bonus token from pi_bonus (p when the block has no drafter marginal there).
-On a one-child chain q~ is a point mass on the drafted token.
+is a law that does not depend on x this is Theorem 3 applied to pi: the node commits pi
+exactly, whatever the tree shape. A leaf commits a bonus token from pi_bonus (p when the
+block has no drafter marginal there). On a one-child chain q~ is a point mass on the
+drafted token.
 """
 
 from __future__ import annotations
