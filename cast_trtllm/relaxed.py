@@ -47,7 +47,7 @@ import torch
 
 from cast_trtllm.sampling import SamplingParams, target_probs
 from cast_trtllm.tree import Tree
-from cast_trtllm.verify import Acceptance, NodeTargets, check_target_rows, walk_samples
+from cast_trtllm.verify import Acceptance, NodeTargets, check_target_rows, residual, walk_samples
 
 # rule -> (valid alpha, its range in words)
 _ALPHA = {
@@ -170,10 +170,7 @@ def committed_law(
         x = drafts[lo : lo + chunk]
         accept_value, base = rule.first_step(p, q, x)
         a = (accept_value / prop[x]).clamp(max=1.0)  # [b] acceptance probability
-        resid = (base - prop).clamp(min=0.0)  # [b, V]
-        mass = resid.sum(1, keepdim=True)
-        start = rule.start_law(p, q).expand(len(x), -1)
-        resid = torch.where(mass > 0, resid / mass.clamp(min=1e-300), start)
+        resid = residual(base, prop, rule.start_law(p, q))  # [b, V] as the walk computes it
         weight = prop[x]
         law.index_add_(0, x, weight * a)
         law += ((weight * (1.0 - a))[:, None] * resid).sum(0)

@@ -131,6 +131,13 @@ def _proposal(tree: Tree, row: int, children: np.ndarray) -> np.ndarray:
     return q / q.sum()
 
 
+def residual(base: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """[B, V] norm((base - q)_+) per row, `fallback` [V] where rounding left no mass (module docstring)."""
+    resid = (base - q).clamp(min=0.0)
+    mass = resid.sum(1, keepdim=True)
+    return torch.where(mass > RESIDUAL_FLOOR, resid / mass.clamp(min=RESIDUAL_FLOOR), fallback.expand_as(resid))
+
+
 def _resolve_node(
     mu0: torch.Tensor,  # [V] float64 target (or relaxed) law at the node
     child_tokens: torch.Tensor,  # [C] int64 distinct tokens of the retained children
@@ -165,10 +172,7 @@ def _resolve_node(
             # residual of the rejected: (base - q~)_+ with q~ on the children still available
             q_avail = q_sorted[:, s:] / avail[:, s : s + 1]  # [B, C - s]
             q_vec = torch.zeros_like(mu).scatter_(1, child_tokens[order[:, s:]], q_avail)
-            resid = (base - q_vec).clamp_(min=0.0)
-            mass = resid.sum(1, keepdim=True)
-            resid = torch.where(mass > RESIDUAL_FLOOR, resid / mass, mu0.expand(B, -1))
-            mu = torch.where(active[:, None], resid, mu)
+            mu = torch.where(active[:, None], residual(base, q_vec, mu0), mu)
     accepted_token = child_tokens[slot.clamp(min=0)] if C else slot
     token = torch.where(slot >= 0, accepted_token, sample_from(mu, u[:, -1]))
     return slot, token
