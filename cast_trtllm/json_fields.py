@@ -34,14 +34,11 @@ def fields_of(value: Any, path: str, known: set[str], optional: set[str] = froze
 
 def int_keyed(value: Any, path: str) -> dict[int, Any]:
     """A JSON object keyed by decimal strings (prefix length, batch size, bucket), int-keyed."""
-    return {int_key(k, path): v for k, v in obj(value, path).items()}
-
-
-def int_key(key: Any, path: str) -> int:
-    """A decimal-string JSON key (prefix length, batch size, bucket) as an int."""
-    if not (isinstance(key, str) and key.isdigit()):
-        raise ValueError(f'{path}: key "{key}" is not a decimal integer')
-    return int(key)
+    value = obj(value, path)
+    bad = [k for k in value if not (isinstance(k, str) and k.isdigit())]
+    if bad:
+        raise ValueError(f'{path}: key "{bad[0]}" is not a decimal integer')
+    return {int(k): v for k, v in value.items()}
 
 
 def ascending_ints(values: Any, path: str) -> tuple[int, ...]:

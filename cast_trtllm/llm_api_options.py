@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from cast_trtllm.json_fields import is_number
 from cast_trtllm.spec_config import SpecConfig, is_int
 
 DECODING_TYPES = {"CAST": "cast", "DFlash": "chain"}  # decoding_type -> method
-_MAPPED = {"max_draft_len": "max_draft_len", "max_concurrency": "max_concurrency"}
+_MAPPED = ("max_draft_len", "max_concurrency")  # same name in SpecConfig
 _CAST_FIELDS = ("budget", "rank_cap", "width_profile", "width_rule", "draft_gate", "gate_probe_every",
                 "max_request_width")
 _CHECKED = ("mask_token_id", "target_layer_ids")
@@ -41,13 +42,9 @@ def _optional(check, what: str):
     return (lambda v: v is None or check(v)), f"{what} or null"
 
 
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 _BOOL = (lambda v: isinstance(v, bool)), "true or false"
 _ADVANCED_SAMPLING_MODES = ("full", "no_topk", "no_topp", "no_topk_no_topp")
-_THRESHOLD = _optional(lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]")
+_THRESHOLD = _optional(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]")
 _WINDOW = _optional(lambda v: is_int(v) and v >= 0, "an integer >= 0")
 # TensorRT-LLM fields with no behaviour here: name -> ((check, what TensorRT-LLM accepts), why ignored)
 _IGNORED = {
@@ -157,7 +154,8 @@ def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmA
     if block is None:
         return LlmApiOptions(None, ignored_keys=ignored)
     parsed = parse_speculative_config(block, base)
-    notes = (*parsed.notes, *(f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored))
+    unused = (f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored)
+    notes = (*parsed.notes, *unused)
     return LlmApiOptions(parsed.spec, parsed.speculative_model, parsed.expect_drafter, notes, ignored)
 
 

@@ -74,9 +74,8 @@ class LogitProcessor:
             raise ValueError(f"logits must be [n={n}, V], got {tuple(logits.shape)}")
         rows: list[int] = []
         cols: list[int] = []
-        depth = np.concatenate([[0], tree.depth]).astype(np.int64)  # [n]
         if generated < self.min_tokens:
-            for r in np.flatnonzero(generated + depth < self.min_tokens).tolist():
+            for r in np.flatnonzero(generated + tree.pack_depth < self.min_tokens).tolist():
                 rows += [r] * len(self.stop_ids)
                 cols += self.stop_ids
         if self.bad_words:

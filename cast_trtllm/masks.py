@@ -1,4 +1,4 @@
-"""Verify-pass inputs compiled from a `Tree`: masks, position ids, KV keep indices.
+"""Verify-pass inputs compiled from a `Tree`: masks and position ids.
 
 Pack layout: pack index 0 is the pending root at absolute position P (= cached prefix
 length), pack index i + 1 is tree node i at position P + depth. Under the ancestor-only
@@ -7,15 +7,13 @@ mask, packed token t attends to the whole prefix, its ancestors and itself (Lemm
 Formats (all derived from `ancestor_matrix`, all tested against each other):
 1. boolean ancestor matrix [n, n];
 2. additive float mask [1, 1, n, P + n] (0 visible, dtype-min hidden; HF 4D mask);
-3. TensorRT-LLM spec-decoding inputs: packed_mask int32 [n, ceil(n/32)] LSB-first
-   (bit k of word k // 32 in row t: t may attend pack token k), position_offsets
-   (depths), generation_lengths;
-4. kernel bitmask: the same LSB-first words, padded to any word count, ragged batch.
+3. kernel bitmask [n, W] int32, LSB-first (bit k of word k // 32 in row t: t may attend
+   pack token k), padded to any word count W, stacked for a ragged batch;
+4. TensorRT-LLM spec-decoding inputs: `bitmask(tree)` is its packed_mask [n, ceil(n/32)],
+   `tree.pack_depth` its position_offsets, and `tree.num_packed` its generation length.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -60,60 +58,16 @@ def additive_mask(
     return mask.view(1, 1, n, prefix_len + n).to(device)
 
 
-def _pack_bits(matrix: np.ndarray, num_words: int) -> np.ndarray:
-    """[n, m] bool -> [n, num_words] int32, LSB-first within each 32-bit word."""
-    n, m = matrix.shape
-    padded = np.zeros((n, num_words * 32), dtype=bool)
-    padded[:, :m] = matrix
-    words = np.packbits(padded.reshape(n, num_words, 4, 8), axis=-1, bitorder="little")
-    return words.reshape(n, num_words, 4).view("<u4")[..., 0].astype(np.uint32).view(np.int32)
-
-
 def bitmask(tree: Tree, num_words: int | None = None) -> np.ndarray:
-    """[n, W] int32 ancestor bitmask; W = ceil(n/32) unless `num_words` pads it."""
+    """[n, W] int32 ancestor bitmask, LSB-first in each word; W = ceil(n/32) unless `num_words` pads it."""
     n = tree.num_packed
-    need = -(-n // 32)
-    words = need if num_words is None else num_words
-    if words < need:
-        raise ValueError(f"num_words={num_words} cannot hold a pack of {n} tokens (needs {need})")
-    return _pack_bits(ancestor_matrix(tree), words)
-
-
-def unpack_bitmask(words: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of `bitmask`: [n, W] int32 -> [n, n] bool."""
-    bits = np.unpackbits(
-        np.ascontiguousarray(words[:n]).view(np.uint8).reshape(n, -1, 4), axis=-1, bitorder="little"
-    )
-    return bits.reshape(n, -1)[:, :n].astype(bool)
-
-
-@dataclass(frozen=True, slots=True)
-class SpecDecodingInputs:
-    """TensorRT-LLM `spec_decoding_*` tensors for one request."""
-
-    packed_mask: np.ndarray  # [n, ceil(n/32)] int32
-    position_offsets: np.ndarray  # [n] int32 depth of each packed token
-    generation_lengths: np.ndarray  # [1] int32 = n
-
-
-def trtllm_spec_decoding_inputs(tree: Tree) -> SpecDecodingInputs:
-    """The packed tree in TensorRT-LLM's spec-decoding layout (a chain packs to 1, 3, 7, 15, …)."""
-    return SpecDecodingInputs(
-        packed_mask=bitmask(tree),
-        position_offsets=tree.pack_depth.astype(np.int32),
-        generation_lengths=np.array([tree.num_packed], dtype=np.int32),
-    )
-
-
-def kv_keep_indices(prefix_len: int, accepted: np.ndarray) -> np.ndarray:
-    """[P + 1 + A] int64 cache rows kept after the walk: prefix, root, accepted path.
-
-    accepted: pack indices of the accepted nodes (root excluded), root-to-leaf order.
-    """
-    accepted = np.asarray(accepted, dtype=np.int64)
-    if np.any(accepted < 1):
-        raise ValueError("accepted pack indices must be >= 1 (pack index 0 is the root)")
-    return np.concatenate([np.arange(prefix_len + 1), prefix_len + accepted])
+    words = -(-n // 32) if num_words is None else num_words
+    if words * 32 < n:
+        raise ValueError(f"num_words={num_words} cannot hold a pack of {n} tokens (needs {-(-n // 32)})")
+    bits = np.zeros((n, words * 32), dtype=bool)
+    bits[:, :n] = ancestor_matrix(tree)
+    packed = np.packbits(bits.reshape(n, words, 4, 8), axis=-1, bitorder="little")  # [n, W, 4] bytes
+    return packed.reshape(n, words, 4).view("<u4")[..., 0].astype(np.uint32).view(np.int32)
 
 
 def cu_seqlens(trees: list[Tree]) -> np.ndarray:
@@ -123,13 +77,6 @@ def cu_seqlens(trees: list[Tree]) -> np.ndarray:
 
 def batched_bitmask(trees: list[Tree], num_words: int | None = None) -> np.ndarray:
     """[Σ n_b, W] int32 request-local ancestor bitmasks stacked in pack order."""
-    need = max(-(-t.num_packed // 32) for t in trees)
-    words = need if num_words is None else num_words
+    words = max(-(-t.num_packed // 32) for t in trees) if num_words is None else num_words
     return np.concatenate([bitmask(t, words) for t in trees])
 
-
-def batched_position_ids(trees: list[Tree], prefix_lens: list[int]) -> np.ndarray:
-    """[Σ n_b] int64 absolute positions of a ragged batch."""
-    if len(trees) != len(prefix_lens):
-        raise ValueError(f"{len(trees)} trees but {len(prefix_lens)} prefix lengths")
-    return np.concatenate([position_ids(t, p) for t, p in zip(trees, prefix_lens)])

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from cast_trtllm.cost_curve import choose_buckets, detect_cliffs, fit_affine
-from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list, obj
+from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
 
 SCHEMA_VERSION = 1
 REFERENCE_DIR = Path(__file__).parent / "profiles" / "reference"
@@ -154,11 +154,13 @@ class WidthProfile:
     def from_dict(cls, data: dict[str, Any]) -> WidthProfile:
         """Parse and validate a JSON object; ValueError names the field that is wrong."""
         kw = dict(fields_of(data, "profile", {f.name for f in fields(cls)}, {"drafter_ms", "overhead_ms"}))
-        kw["provenance"] = _provenance(data["provenance"])
+        names = {f.name for f in fields(Provenance)}
+        kw["provenance"] = Provenance(**fields_of(data["provenance"], "profile.provenance", names, names - {"source"}))
         for name in ("latency_ms", "fits", "cliffs"):
             kw[name] = {p: int_keyed(row, f'profile.{name}["{p}"]')
                         for p, row in int_keyed(data[name], f"profile.{name}").items()}
-        kw["fits"] = {p: {b: _fit(v, f'profile.fits["{p}"]["{b}"]') for b, v in row.items()}
+        fit = {"intercept_ms", "slope_ms"}
+        kw["fits"] = {p: {b: AffineFit(**fields_of(v, f'profile.fits["{p}"]["{b}"]', fit)) for b, v in row.items()}
                       for p, row in kw["fits"].items()}
         for name in ("drafter_ms", "overhead_ms"):
             kw[name] = int_keyed(data.get(name) or {}, f"profile.{name}")
@@ -272,20 +274,3 @@ def find_measured_profile(target: str, dtype: str, device_kind: str, device: str
             matches.append((profile.device == device, path))
     exact = [path for same, path in matches if same]
     return (exact or [path for _, path in matches] or [None])[0]
-
-
-# -- parsing helpers ---------------------------------------------------------------------
-def _fit(value, path: str) -> AffineFit:
-    value = obj(value, path)
-    if sorted(value) != ["intercept_ms", "slope_ms"]:
-        raise ValueError(f"{path}: expected keys intercept_ms and slope_ms, got {sorted(value)}")
-    return AffineFit(**value)
-
-
-def _provenance(value) -> Provenance:
-    value = obj(value, "profile.provenance")
-    names = {f.name for f in fields(Provenance)}
-    if not set(value) <= names or "source" not in value:
-        raise ValueError(f"profile.provenance: expected keys {sorted(names)} with "
-                         f"'source' required, got {sorted(value)}")
-    return Provenance(**value)

@@ -30,10 +30,11 @@ over the retained children (as in the lossless walk). The FIRST candidate drawn 
 is accepted with probability min(1, pi_rej(x) / q~(x)); after a rejection the node runs
 Theorem 3's lossless recursion on the relaxed residual norm((pi_res_x - q~)_+), so the
 node commits exactly the law of the paper's one-draft rule with q replaced by q~
-(`committed_law`). For rules whose pi is a law that does not depend on x this is
-Theorem 3 applied to pi: the node commits pi exactly, whatever the tree shape. A leaf
-commits a bonus token from pi_bonus (p when the block has no drafter marginal there).
-On a one-child chain q~ is a point mass on the drafted token.
+(`committed_law`; its `total_variation` from p is the per-step loss). For rules whose pi
+is a law that does not depend on x this is Theorem 3 applied to pi: the node commits pi
+exactly, whatever the tree shape. A leaf commits a bonus token from pi_bonus (p when the
+block has no drafter marginal there). On a one-child chain q~ is a point mass on the
+drafted token.
 """
 
 from __future__ import annotations
@@ -46,9 +47,18 @@ import torch
 
 from cast_trtllm.sampling import SamplingParams, target_probs
 from cast_trtllm.tree import Tree
-from cast_trtllm.verify import Acceptance, NodeTargets, walk_samples
+from cast_trtllm.verify import Acceptance, NodeTargets, check_target_rows, residual, walk_samples
 
-RULES = ("cactus", "mentored", "r-fuzzy", "spec-casc", "ensemble", "spec-contrastive")
+# rule -> (valid alpha, its range in words)
+_ALPHA = {
+    "cactus": (lambda a: a >= 0, ">= 0"),
+    "mentored": (lambda a: 0 <= a < 1, "in [0, 1)"),
+    "r-fuzzy": (lambda a: a >= 0, ">= 0 (a divergence threshold)"),
+    "spec-casc": (math.isfinite, "finite"),
+    "ensemble": (lambda a: 0 <= a <= 1, "in [0, 1]"),
+    "spec-contrastive": (lambda a: a >= 0, ">= 0"),
+}
+RULES = tuple(_ALPHA)
 DIVERGENCES = ("js", "tv", "kl")
 _Q_FLOOR = 1e-300  # keeps log q finite for spec-contrastive
 
@@ -82,19 +92,9 @@ class RelaxedRule:
             raise ValueError(f"unknown relaxed rule {self.name!r}; choose one of {RULES}")
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
-        a = self.alpha
-        ok = {
-            "cactus": a >= 0,
-            "mentored": 0 <= a < 1,
-            "r-fuzzy": a >= 0,
-            "spec-casc": math.isfinite(a),
-            "ensemble": 0 <= a <= 1,
-            "spec-contrastive": a >= 0,
-        }[self.name]
-        if not ok or math.isnan(a):
-            ranges = {"cactus": ">= 0", "mentored": "in [0, 1)", "r-fuzzy": ">= 0 (a divergence threshold)",
-                      "spec-casc": "finite", "ensemble": "in [0, 1]", "spec-contrastive": ">= 0"}
-            raise ValueError(f"alpha for {self.name} must be {ranges[self.name]}, got {a}")
+        ok, what = _ALPHA[self.name]
+        if math.isnan(self.alpha) or not ok(self.alpha):
+            raise ValueError(f"alpha for {self.name} must be {what}, got {self.alpha}")
 
     def divergence_of(self, p: torch.Tensor, q: torch.Tensor) -> float:
         """Div(p, q) used by r-fuzzy. p, q: [V] laws."""
@@ -170,21 +170,11 @@ def committed_law(
         x = drafts[lo : lo + chunk]
         accept_value, base = rule.first_step(p, q, x)
         a = (accept_value / prop[x]).clamp(max=1.0)  # [b] acceptance probability
-        resid = (base - prop).clamp(min=0.0)  # [b, V]
-        mass = resid.sum(1, keepdim=True)
-        start = rule.start_law(p, q).expand(len(x), -1)
-        resid = torch.where(mass > 0, resid / mass.clamp(min=1e-300), start)
+        resid = residual(base, prop, rule.start_law(p, q))  # [b, V] as the walk computes it
         weight = prop[x]
         law.index_add_(0, x, weight * a)
         law += ((weight * (1.0 - a))[:, None] * resid).sum(0)
     return law
-
-
-def step_total_variation(
-    rule: RelaxedRule, p: torch.Tensor, q: torch.Tensor, proposal: torch.Tensor | None = None
-) -> float:
-    """Per-step total variation of `committed_law` from the target law p."""
-    return total_variation(committed_law(rule, p, q, proposal), p.to(torch.float64))
 
 
 def relaxed_speedup(
@@ -204,17 +194,17 @@ def relaxed_speedup(
     return (mean_len_ar / mean_len_relaxed) * (mean_accepted + 1.0) / (1.0 + num_draft * c_rel)
 
 
-def _node_targets(
+def relaxed_targets(
     tree: Tree,
     target_logits: torch.Tensor,  # [n, V]
     draft_logits: torch.Tensor,  # [L, V]
     params: SamplingParams,
     rule: RelaxedRule,
 ) -> NodeTargets:
+    """`rule`'s `NodeTargets` for `verify.walk_samples` (many walks at once; `relaxed_walk` is one)."""
     if params.greedy:
         raise ValueError("relaxed rules are sampling rules: use temperature > 0")
-    if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_packed:
-        raise ValueError(f"target_logits must be [n={tree.num_packed}, V], got {tuple(target_logits.shape)}")
+    check_target_rows(target_logits, tree)
     vocab = target_logits.shape[1]
     if draft_logits.dim() != 2 or draft_logits.shape[1] != vocab or draft_logits.shape[0] < tree.max_depth:
         raise ValueError(
@@ -245,20 +235,7 @@ def relaxed_walk(
     generator: torch.Generator,
 ) -> Acceptance:
     """One round under a LOSSY rule (module docstring); same contract as `stochastic_walk`."""
-    targets = _node_targets(tree, target_logits, draft_logits, params, rule)
-    last, next_root = walk_samples(tree, targets, 1, generator)
+    last, next_root = walk_samples(tree, relaxed_targets(tree, target_logits, draft_logits, params, rule), 1,
+                                   generator)
     return Acceptance.from_last(tree, int(last[0]), int(next_root[0]))
 
-
-def relaxed_sample_walks(
-    tree: Tree,
-    target_logits: torch.Tensor,  # [n, V]
-    draft_logits: torch.Tensor,  # [L, V]
-    params: SamplingParams,
-    rule: RelaxedRule,
-    num_samples: int,
-    generator: torch.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
-    """`num_samples` independent `relaxed_walk`s, vectorized: (last pack index [B], next root [B])."""
-    targets = _node_targets(tree, target_logits, draft_logits, params, rule)
-    return walk_samples(tree, targets, num_samples, generator)

@@ -10,7 +10,7 @@ Either one becomes the next pending root (`Acceptance.next_root`); a round alway
 commits `len(path) + 1` tokens.
 
 Greedy path (T = 0): from the root descend to the child whose token equals the target
-argmax at the current row, while one exists (`greedy_walk`, `greedy_walk_batched`).
+argmax at the current row, while one exists (`greedy_walk`).
 
 Random path (T > 0): the proposal-aware verifier of Theorem 3 (`stochastic_walk`). At a
 visited node v the residual starts at mu = p_v (the target law after the fixed logit
@@ -35,7 +35,7 @@ back to p_v, the node's own target law.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,15 +86,6 @@ def _children_csr(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
     return offsets, kids
 
 
-def _as_row_tokens(name: str, values: np.ndarray | torch.Tensor, length: int) -> np.ndarray:
-    arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    if arr.shape != (length,) or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(
-            f"{name} must be an integer array of shape ({length},), got {arr.dtype} {arr.shape}"
-        )
-    return arr.astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- greedy path
 
 
@@ -104,7 +95,10 @@ def greedy_walk(tree: Tree, target_argmax: np.ndarray | torch.Tensor) -> Accepta
     target_argmax: [n] int, the target argmax at each pack row (n = tree.num_packed).
     Siblings with equal tokens: the first stored (best-scoring) one is followed.
     """
-    argmax = _as_row_tokens("target_argmax", target_argmax, tree.num_packed)
+    argmax = target_argmax.cpu().numpy() if isinstance(target_argmax, torch.Tensor) else np.asarray(target_argmax)
+    if argmax.shape != (tree.num_packed,) or not np.issubdtype(argmax.dtype, np.integer):
+        raise ValueError(f"target_argmax must be integers of shape ({tree.num_packed},), got {argmax.dtype} "
+                         f"{argmax.shape}")
     offsets, kids = _children_csr(tree)
     row = 0
     while True:
@@ -113,20 +107,6 @@ def greedy_walk(tree: Tree, target_argmax: np.ndarray | torch.Tensor) -> Accepta
         if len(match) == 0:
             return Acceptance.from_last(tree, row, argmax[row])
         row = int(match[0])
-
-
-def greedy_walk_batched(
-    trees: Sequence[Tree],
-    target_argmax: np.ndarray | torch.Tensor,  # [sum n_b] int, rows of all packs concatenated
-    cu_seqlens: np.ndarray | torch.Tensor,  # [B + 1] int, pack b owns rows cu[b]:cu[b+1]
-) -> list[Acceptance]:
-    """`greedy_walk` on each pack of a ragged batch (layout of `masks.cu_seqlens`)."""
-    cu = _as_row_tokens("cu_seqlens", cu_seqlens, len(trees) + 1)
-    sizes = np.array([t.num_packed for t in trees], np.int64)
-    if cu[0] != 0 or np.any(np.diff(cu) != sizes):
-        raise ValueError(f"cu_seqlens {cu.tolist()} does not match the packed tree sizes {sizes.tolist()}")
-    argmax = _as_row_tokens("target_argmax", target_argmax, int(cu[-1]))
-    return [greedy_walk(t, argmax[cu[b] : cu[b + 1]]) for b, t in enumerate(trees)]
 
 
 # ----------------------------------------------------------------------------- random path
@@ -149,6 +129,13 @@ def _proposal(tree: Tree, row: int, children: np.ndarray) -> np.ndarray:
         )
     q = np.exp(log_q - log_q.max())
     return q / q.sum()
+
+
+def residual(base: torch.Tensor, q: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """[B, V] norm((base - q)_+) per row, `fallback` [V] where rounding left no mass (module docstring)."""
+    resid = (base - q).clamp(min=0.0)
+    mass = resid.sum(1, keepdim=True)
+    return torch.where(mass > RESIDUAL_FLOOR, resid / mass.clamp(min=RESIDUAL_FLOOR), fallback.expand_as(resid))
 
 
 def _resolve_node(
@@ -185,10 +172,7 @@ def _resolve_node(
             # residual of the rejected: (base - q~)_+ with q~ on the children still available
             q_avail = q_sorted[:, s:] / avail[:, s : s + 1]  # [B, C - s]
             q_vec = torch.zeros_like(mu).scatter_(1, child_tokens[order[:, s:]], q_avail)
-            resid = (base - q_vec).clamp_(min=0.0)
-            mass = resid.sum(1, keepdim=True)
-            resid = torch.where(mass > RESIDUAL_FLOOR, resid / mass, mu0.expand(B, -1))
-            mu = torch.where(active[:, None], resid, mu)
+            mu = torch.where(active[:, None], residual(base, q_vec, mu0), mu)
     accepted_token = child_tokens[slot.clamp(min=0)] if C else slot
     token = torch.where(slot >= 0, accepted_token, sample_from(mu, u[:, -1]))
     return slot, token
@@ -233,12 +217,22 @@ def walk_samples(
     return last, next_root
 
 
-def _target_rows(target_logits: torch.Tensor, params: SamplingParams, tree: Tree) -> NodeTargets:
+def check_target_rows(target_logits: torch.Tensor, tree: Tree) -> None:
     if target_logits.dim() != 2 or target_logits.shape[0] != tree.num_packed:
-        raise ValueError(
-            f"target_logits must be [n={tree.num_packed}, V] (one row per packed token), "
-            f"got {tuple(target_logits.shape)}"
-        )
+        raise ValueError(f"target_logits must be [n={tree.num_packed}, V] (one row per packed token), "
+                         f"got {tuple(target_logits.shape)}")
+
+
+def lossless_targets(tree: Tree, target_logits: torch.Tensor, params: SamplingParams) -> NodeTargets:
+    """Theorem 3's `NodeTargets`: the residual at pack row r starts from the target law p there.
+
+    target_logits: [n, V] target logits at each pack row. `walk_samples(tree,
+    lossless_targets(...), B, generator)` draws B independent rounds at once (for
+    acceptance statistics and law tests); `stochastic_walk` is one of them.
+    """
+    if params.greedy:
+        raise ValueError("the stochastic walk needs temperature > 0; at T = 0 use greedy_walk (deterministic)")
+    check_target_rows(target_logits, tree)
 
     def lossless(row: int, child_tokens: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, None]:
         return target_probs(target_logits[row : row + 1], params)[0], None
@@ -257,24 +251,7 @@ def stochastic_walk(
     Seeded and reproducible: all randomness comes from `generator` (a CPU generator).
     """
     if params.greedy:
-        _target_rows(target_logits, params, tree)  # shape check
+        check_target_rows(target_logits, tree)
         return greedy_walk(tree, target_logits.argmax(dim=1))
-    last, next_root = walk_samples(tree, _target_rows(target_logits, params, tree), 1, generator)
+    last, next_root = walk_samples(tree, lossless_targets(tree, target_logits, params), 1, generator)
     return Acceptance.from_last(tree, int(last[0]), int(next_root[0]))
-
-
-def sample_walks(
-    tree: Tree,
-    target_logits: torch.Tensor,  # [n, V] target logits at each pack row
-    params: SamplingParams,
-    num_samples: int,
-    generator: torch.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
-    """`num_samples` independent `stochastic_walk`s of one round, vectorized.
-
-    For acceptance statistics and distribution tests. Returns (last accepted pack index
-    [B] int64, 0 = nothing accepted; next root [B] int64).
-    """
-    if params.greedy:
-        raise ValueError("sample_walks needs temperature > 0; at T = 0 use greedy_walk (deterministic)")
-    return walk_samples(tree, _target_rows(target_logits, params, tree), num_samples, generator)

@@ -4,18 +4,17 @@ TensorRT's ONNX parser turns a node it has no built-in importer for into a plugi
 looked up by op_type = plugin name, with the `plugin_namespace` and `plugin_version`
 attributes; every other attribute is passed to the plugin as a field, and `aot = 1`
 selects the ahead-of-time implementation. The node lives in the custom domain `cast`
-so the ONNX checker accepts the model once `register_onnx_schema()` has run.
+(the verify graph's export, `runtime.model.graphs`, emits it), so the ONNX checker
+accepts the model once `register_onnx_schema()` has run.
 (Parser behaviour is from NVIDIA's docs and samples; not run here: no TensorRT.)
 
 Inputs, in order (T packed tokens, S prefix tokens, B requests, see
-`plugins.tree_attention.contract` for the full contract):
+`plugins.tree_attention.reference` for the full contract):
     q [T, Hq, D], k_prefix [S, Hkv, D], v_prefix [S, Hkv, D], k_pack [T, Hkv, D],
     v_pack [T, Hkv, D], bitmask int32 [T, W], cu_seqlens int32 [B+1], cu_prefix int32 [B+1]
 Output: out [T, Hq, D], dtype of q.
 """
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 DOMAIN = "cast"
 OP_TYPE = "tree_attention"
@@ -43,29 +42,6 @@ ATTRIBUTES: tuple[tuple[str, str, bool], ...] = (
     ("plugin_version", "STRING", False),
     ("aot", "INT", False),
 )
-
-
-def make_node(
-    inputs: Sequence[str], output: str, scale: float, name: str | None = None, aot: bool = True
-):  # -> onnx.NodeProto
-    """The plugin node over the given tensor names (order as in INPUTS)."""
-    import onnx
-
-    if len(inputs) != len(INPUTS):
-        raise ValueError(f"tree_attention takes {len(INPUTS)} inputs {[i[0] for i in INPUTS]}, got {len(inputs)}")
-    if not scale > 0:
-        raise ValueError(f"scale must be positive (usually 1/sqrt(head_dim)), got {scale}")
-    return onnx.helper.make_node(
-        OP_TYPE, list(inputs), [output], name=name, domain=DOMAIN, scale=float(scale),
-        plugin_namespace=PLUGIN_NAMESPACE, plugin_version=PLUGIN_VERSION, aot=int(aot),
-    )
-
-
-def opset_import():  # -> onnx.OperatorSetIdProto
-    """Opset entry a model holding the node must list."""
-    import onnx
-
-    return onnx.helper.make_opsetid(DOMAIN, OPSET_VERSION)
 
 
 def register_onnx_schema() -> None:

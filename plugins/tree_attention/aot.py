@@ -18,21 +18,28 @@ memory: `shared_mem` bytes.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import torch
-
-from plugins.tree_attention.triton_kernel import dot_precision, head_block, require_triton
+from plugins.tree_attention.reference import resolve_scale
 
 AOT_ARCHS = (80, 89, 90, 100)
 KERNEL_NAME = "tree_attention_fwd_kernel"
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
+def head_block(head_dim: int) -> int:
+    """BLOCK_D: head_dim rounded up to a power of two (>= 16, the tl.dot minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def dot_precision(dtype: str) -> str:
+    """fp32 inputs use exact fp32 dots (not tf32) so the kernel meets fp32 tolerance."""
+    return "ieee" if dtype == "float32" else "tf32"
+
+
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
-    """Everything baked into one AOT binary of the kernel."""
+    """Everything baked into one AOT binary of the kernel (and what a JIT launch folds)."""
 
     dtype: str  # "float32" | "float16" | "bfloat16" (q, k, v and out)
     num_q_heads: int
@@ -59,12 +66,7 @@ class KernelSpec:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot minimum), got {value}")
-        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"scale must be a positive finite float or None, got {self.scale!r}")
-
-    @property
-    def resolved_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+        resolve_scale(self.scale, self.head_dim)  # ValueError unless None or positive finite
 
     def signature(self) -> dict[str, str]:
         """Triton signature: runtime pointer/int types, 'constexpr' for everything folded."""
@@ -78,14 +80,14 @@ class KernelSpec:
         """Folded scalars: scale, contiguous strides, tile shapes."""
         q_row, kv_row, d = self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.head_dim
         return dict(
-            sm_scale=self.resolved_scale,
+            sm_scale=resolve_scale(self.scale, self.head_dim),
             stride_qt=q_row, stride_qh=d, stride_kpt=kv_row, stride_kph=d, stride_vpt=kv_row, stride_vph=d,
             stride_kt=kv_row, stride_kh=d, stride_vt=kv_row, stride_vh=d, stride_mt=self.mask_words,
             stride_ot=q_row, stride_oh=d,
             GROUP=self.num_q_heads // self.num_kv_heads, HEAD_DIM=self.head_dim,
             BLOCK_D=head_block(self.head_dim),
             BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-            DOT_PRECISION=dot_precision(getattr(torch, self.dtype)),
+            DOT_PRECISION=dot_precision(self.dtype),
         )
 
 
@@ -116,11 +118,11 @@ def compile_binary(spec: KernelSpec, arch: int = 90, ptx_version: int | None = N
     lowers the PTX ISA version for older drivers; by default Triton uses the newest its
     bundled ptxas supports.
     """
+    from plugins.tree_attention.triton_kernel import require_triton, tree_attention_fwd_kernel
+
     require_triton()
     import triton
     from triton.backends.compiler import GPUTarget
-
-    from plugins.tree_attention.triton_kernel import tree_attention_fwd_kernel
 
     if arch not in AOT_ARCHS:
         raise ValueError(f"arch must be one of {AOT_ARCHS} (sm_80/89/90/100), got {arch}")

@@ -1,4 +1,4 @@
-"""Triton forward kernel of the tree-attention op (contract in `contract.py`).
+"""Triton forward kernel of the tree-attention op (contract in `reference.py`).
 
 Grid: (num_query_tiles, Hq). Query tiles never cross requests: request r owns
 ceil(n_r / BLOCK_M) consecutive tiles, and each program finds its (request, tile) by a
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from plugins.tree_attention.contract import check_inputs, resolve_scale
+from plugins.tree_attention.aot import KernelSpec
+from plugins.tree_attention.reference import check_inputs
 
 try:
     import triton
@@ -43,6 +44,18 @@ def require_triton() -> None:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _attend(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+        """One key block of the online softmax (exp2-based): scores of the visible keys, then
+        the running max m_i, normalizer l_i and output acc, all rescaled to the new max."""
+        s = tl.where(visible, tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        return m_new, l_i, acc
 
     @triton.jit
     def tree_attention_fwd_kernel(
@@ -100,14 +113,7 @@ if triton is not None:
                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
             v = tl.load(V_PREFIX + cols[:, None] * stride_vpt + kv_head * stride_vph + offs_d[None, :],
                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-            s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = _attend(q, k, v, col_ok[None, :], qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
         # Pack: key k visible to row i iff bit k % 32 of word k // 32 of row i is set.
         for start in range(0, n_pack, BLOCK_N):
@@ -121,14 +127,7 @@ if triton is not None:
             words = tl.load(BITMASK + rows[:, None] * stride_mt + (offs_n // 32)[None, :],
                             mask=row_ok[:, None] & col_ok[None, :], other=0)  # [BLOCK_M, BLOCK_N] int32
             visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
-            s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = _attend(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw nothing outputs zeros
         out = acc / l_safe[:, None]
@@ -136,20 +135,10 @@ if triton is not None:
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def head_block(head_dim: int) -> int:
-    """BLOCK_D: head_dim rounded up to a power of two (>= 16, the tl.dot minimum)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
 def query_block(total_tokens: int, num_requests: int) -> int:
     """BLOCK_M from the mean pack length (shapes only, no host sync)."""
     mean_pack = -(-total_tokens // max(num_requests, 1))
     return 16 if mean_pack <= 16 else 32 if mean_pack <= 32 else 64
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs use exact fp32 dots (not tf32) so the kernel meets fp32 tolerance."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def tree_attention_triton(
@@ -169,26 +158,15 @@ def tree_attention_triton(
     compiled = isinstance(tree_attention_fwd_kernel, triton.runtime.jit.JITFunction)  # vs interpreter
     if not q.is_cuda and compiled:
         raise ValueError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before importing triton)")
-    check_inputs(q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix, check_values)
+    check_inputs((q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix), check_values)
     total, num_q_heads, head_dim = q.shape
     num_requests = cu_seqlens.shape[0] - 1
-    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_prefix, v_prefix, k_pack, v_pack)]
-    q, k_prefix, v_prefix, k_pack, v_pack = tensors
-    bitmask = bitmask.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if total == 0:
         return out
-    block_m = query_block(total, num_requests)
-    grid = (triton.cdiv(total, block_m) + num_requests, num_q_heads)
-    tree_attention_fwd_kernel[grid](
-        q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens.contiguous(), cu_prefix.contiguous(),
-        num_requests,
-        out,
-        resolve_scale(scale, head_dim),
-        q.stride(0), q.stride(1), k_prefix.stride(0), k_prefix.stride(1), v_prefix.stride(0), v_prefix.stride(1),
-        k_pack.stride(0), k_pack.stride(1), v_pack.stride(0), v_pack.stride(1), bitmask.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=num_q_heads // k_pack.shape[1], HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
-        BLOCK_M=block_m, BLOCK_N=64, DOT_PRECISION=dot_precision(q.dtype),
-    )
+    spec = KernelSpec(str(q.dtype).removeprefix("torch."), num_q_heads, k_pack.shape[1], head_dim, bitmask.shape[1],
+                      scale, block_m=query_block(total, num_requests))
+    inputs = [t.contiguous() for t in (q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix)]
+    grid = (triton.cdiv(total, spec.block_m) + num_requests, num_q_heads)
+    tree_attention_fwd_kernel[grid](*inputs, num_requests, out, **spec.constexprs())  # the strides of contiguous inputs
     return out

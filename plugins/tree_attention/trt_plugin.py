@@ -1,9 +1,9 @@
 """TensorRT quickly-deployable plugin `cast::tree_attention` (TensorRT >= 10.9).
 
 UNVALIDATED here: no machine of this project has had TensorRT installed. What this file
-adds over pieces that ARE tested on CPU (the shape/dtype description in `describe.py`,
-the AOT PTX in `aot.py`, the kernel itself under the Triton interpreter) is only the
-binding to `tensorrt.plugin`:
+adds over pieces that ARE tested on CPU (the shape/dtype description
+`describe_tree_attention`, the AOT PTX in `aot.py`, the kernel itself under the Triton
+interpreter) is only the binding to `tensorrt.plugin`:
 
   * `register`   output = q's shape and dtype (checks in `describe_tree_attention`);
   * `autotune`   q/k/v/out in one float dtype (fp32 | fp16 | bf16), the rest int32;
@@ -18,12 +18,13 @@ it cannot run where TensorRT is missing.
 """
 from __future__ import annotations
 
-from plugins.tree_attention.aot import compile_kernel
-from plugins.tree_attention.describe import TensorSpec, describe_tree_attention, kernel_spec
+from dataclasses import dataclass
 
-PLUGIN_NAMESPACE = "cast"
-PLUGIN_NAME = "tree_attention"
-PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}"
+from plugins.onnx_schema import OP_TYPE, PLUGIN_NAMESPACE
+from plugins.tree_attention.aot import KernelSpec, compile_kernel
+from plugins.tree_attention.reference import Dim, check_layout
+
+PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{OP_TYPE}"
 MIN_TENSORRT = (10, 9)
 
 try:
@@ -36,6 +37,36 @@ else:
     _IMPORT_ERROR = None
 
 _registered = False
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A plugin input or output as TensorRT describes it: a dim is None when dynamic."""
+
+    shape: tuple[Dim, ...]
+    dtype: str  # "float32" | "float16" | "bfloat16" | "int32" | ...
+
+
+def describe_tree_attention(
+    q: TensorSpec, k_prefix: TensorSpec, v_prefix: TensorSpec, k_pack: TensorSpec, v_pack: TensorSpec,
+    bitmask: TensorSpec, cu_seqlens: TensorSpec, cu_prefix: TensorSpec,
+) -> TensorSpec:  # [T, Hq, D], dtype of q
+    """Output spec of the plugin node; ValueError if the inputs break the op contract. T, S and
+    B may be dynamic (one engine serves every tree of a width bucket); Hq, Hkv, D and W must be
+    static, since the AOT binary bakes them in."""
+    specs = (q, k_prefix, v_prefix, k_pack, v_pack, bitmask, cu_seqlens, cu_prefix)
+    check_layout([s.shape for s in specs], [s.dtype for s in specs])
+    static = dict(Hq=q.shape[1], Hkv=k_pack.shape[1], D=q.shape[2], W=bitmask.shape[1])
+    dynamic = [name for name, value in static.items() if value is None]
+    if dynamic:
+        raise ValueError(f"{', '.join(dynamic)} must be static (build-time) dims: the AOT kernel bakes them in")
+    return TensorSpec(q.shape, q.dtype)
+
+
+def kernel_spec(q: TensorSpec, k_pack: TensorSpec, bitmask: TensorSpec, scale: float) -> KernelSpec:
+    """The AOT kernel variant for a described node (static Hq, Hkv, D, W and dtype)."""
+    return KernelSpec(dtype=q.dtype, num_q_heads=q.shape[1], num_kv_heads=k_pack.shape[1], head_dim=q.shape[2],
+                      mask_words=bitmask.shape[1], scale=scale)
 
 
 def tensorrt_status() -> str | None:
@@ -51,16 +82,11 @@ def tensorrt_status() -> str | None:
     return None
 
 
-def require_tensorrt() -> None:
-    status = tensorrt_status()
-    if status is not None:
-        raise RuntimeError(status)
-
-
 def register_plugin() -> None:
     """Register `cast::tree_attention` with TensorRT's plugin registry (idempotent)."""
     global _registered
-    require_tensorrt()
+    if (status := tensorrt_status()) is not None:
+        raise RuntimeError(status)
     if not _registered:
         _define()
         _registered = True

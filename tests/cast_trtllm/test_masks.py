@@ -11,15 +11,17 @@ from cast_trtllm.masks import (
     additive_mask,
     ancestor_matrix,
     batched_bitmask,
-    batched_position_ids,
     bitmask,
     cu_seqlens,
-    kv_keep_indices,
     position_ids,
-    trtllm_spec_decoding_inputs,
-    unpack_bitmask,
 )
 from cast_trtllm.tree import build_chain, build_tree, topk_per_position
+
+
+def unpack_bitmask(words: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of `bitmask`: [n, W] int32 -> [n, n] bool."""
+    bits = np.unpackbits(np.ascontiguousarray(words[:n]).view(np.uint8).reshape(n, -1, 4), axis=-1, bitorder="little")
+    return bits.reshape(n, -1)[:, :n].astype(bool)
 
 
 def _tree(seed: int, budget: int, L: int = 6, K: int = 3):
@@ -47,24 +49,16 @@ def test_all_mask_formats_agree(seed, budget, prefix):
     assert np.array_equal(unpack_bitmask(words, n), anc)
     padded = bitmask(tree, num_words=words.shape[1] + 2)
     assert np.array_equal(padded[:, : words.shape[1]], words) and not padded[:, words.shape[1]:].any()
-    spec = trtllm_spec_decoding_inputs(tree)
-    assert np.array_equal(spec.packed_mask, words)
-    assert np.array_equal(position_ids(tree, prefix), prefix + spec.position_offsets)
-    assert spec.generation_lengths.tolist() == [n]
+    assert np.array_equal(position_ids(tree, prefix), prefix + tree.pack_depth)
 
 
 def test_chain_packs_to_trtllm_rows_1_3_7_15():
     ids = np.arange(40).reshape(40, 1)
     chain = build_chain(ids, np.zeros((40, 1)))
-    words = trtllm_spec_decoding_inputs(chain).packed_mask.view(np.uint32)
+    words = bitmask(chain).view(np.uint32)  # TensorRT-LLM's spec_decoding_packed_mask
     assert words[:5, 0].tolist() == [1, 3, 7, 15, 31]
     # row 33 sees tokens 0..33: word 0 full, bits 0..1 of word 1
     assert words[33].tolist() == [0xFFFFFFFF, 0b11]
-
-
-def test_kv_keep_indices_gather_prefix_root_and_path():
-    assert kv_keep_indices(4, [2, 5]).tolist() == [0, 1, 2, 3, 4, 6, 9]
-    assert kv_keep_indices(0, []).tolist() == [0]
 
 
 def test_batched_formats_stack_request_local_masks():
@@ -75,5 +69,3 @@ def test_batched_formats_stack_request_local_masks():
     assert words.shape == (48, 2)
     for b, tree in enumerate(trees):
         assert np.array_equal(unpack_bitmask(words[cu[b]:cu[b + 1]], tree.num_packed), ancestor_matrix(tree))
-    pos = batched_position_ids(trees, [10, 3, 7])
-    assert pos[:6].tolist() == position_ids(trees[0], 10).tolist() and pos[-1] == 7

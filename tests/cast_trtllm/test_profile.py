@@ -80,7 +80,7 @@ def broken(edit) -> dict:
     (lambda d: d["provenance"].update(source="guessed"), 'profile.provenance.source: expected "measured"'),
     (lambda d: d["provenance"].update(date=None), "profile.provenance.date: required for a measured profile"),
     (lambda d: d["drafter_ms"].update({"16": 9.0}), "profile.drafter_ms: batch sizes [1, 4, 16]"),
-    (lambda d: d["fits"]["8192"]["1"].pop("slope_ms"), 'profile.fits["8192"]["1"]: expected keys'),
+    (lambda d: d["fits"]["8192"]["1"].pop("slope_ms"), 'profile.fits["8192"]["1"].slope_ms: missing'),
     (lambda d: d["cliffs"]["1024"].update({"1": [100]}), 'profile.cliffs["1024"]["1"]: expected a list'),
     (lambda d: d.update(fit_range=[100, 110]), "profile.fit_range: [100, 110] must hold >= 2"),
 ])

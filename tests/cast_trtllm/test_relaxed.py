@@ -11,13 +11,14 @@ from cast_trtllm.relaxed import (
     RULES,
     RelaxedRule,
     committed_law,
-    relaxed_sample_walks,
+    relaxed_targets,
     relaxed_speedup,
     relaxed_walk,
-    step_total_variation,
+    total_variation,
 )
 from cast_trtllm.sampling import SamplingParams, target_probs
 from cast_trtllm.tree import Tree
+from cast_trtllm.verify import walk_samples
 
 V = 6
 LOSSY_ALPHA = {"cactus": 0.25, "mentored": 0.5, "r-fuzzy": 0.6, "spec-casc": 1.0, "ensemble": 0.3, "spec-contrastive": 0.5}
@@ -67,14 +68,14 @@ def test_every_rule_runs_a_tree_walk_and_returns_a_root_path(name):
 
 @pytest.mark.parametrize("name", RULES)
 def test_every_rule_is_lossy_where_draft_and_target_disagree(name):
-    tv = step_total_variation(RelaxedRule(name, LOSSY_ALPHA[name], lossy=True), P, Q)
+    tv = total_variation(committed_law(RelaxedRule(name, LOSSY_ALPHA[name], lossy=True), P, Q), P)
     print(f"{name} alpha={LOSSY_ALPHA[name]}: per-step TV from p = {tv:.4f}")
     assert tv > 0.01
 
 
 @pytest.mark.parametrize("name", RULES)
 def test_every_rule_is_lossless_at_its_limiting_alpha(name):
-    assert step_total_variation(RelaxedRule(name, LOSSLESS_ALPHA[name], lossy=True), P, Q) < 1e-12
+    assert total_variation(committed_law(RelaxedRule(name, LOSSLESS_ALPHA[name], lossy=True), P, Q), P) < 1e-12
 
 
 def test_rules_with_a_draft_independent_target_commit_exactly_that_target():
@@ -122,7 +123,8 @@ def test_tree_walk_commits_the_rule_law_with_the_children_proposal(name):
     proposal = torch.zeros(V, dtype=torch.float64).index_put_((torch.tensor(children),), torch.from_numpy(masses / masses.sum()))
     law = committed_law(rule, target_probs(target[:1], params)[0], Q, proposal).numpy()
     n = 100_000
-    last, next_root = relaxed_sample_walks(tree, target, draft, params, rule, n, torch.Generator().manual_seed(2))
+    targets = relaxed_targets(tree, target, draft, params, rule)
+    last, next_root = walk_samples(tree, targets, n, torch.Generator().manual_seed(2))
     first = np.where(last > 0, tree.tokens[np.maximum(last, 1) - 1], next_root)
     counts = np.bincount(first, minlength=V)
     tv = 0.5 * np.abs(counts / n - law).sum()

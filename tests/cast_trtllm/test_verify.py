@@ -15,8 +15,7 @@ from cast_trtllm.sampling import SamplingParams, sample_from, target_probs
 from cast_trtllm.tree import Tree, build_chain, build_tree
 from cast_trtllm.verify import (
     greedy_walk,
-    greedy_walk_batched,
-    sample_walks,
+    lossless_targets,
     stochastic_walk,
     walk_samples,
 )
@@ -94,31 +93,6 @@ def test_greedy_walk_rejects_target_rows_of_the_wrong_length():
         greedy_walk(BRANCHY, np.zeros(6, np.int64))
 
 
-def test_batched_greedy_walk_equals_the_per_tree_walk():
-    rng = np.random.default_rng(0)
-    trees, rows = [], []
-    for b in range(12):
-        lp = np.sort(np.log(rng.dirichlet(np.ones(V), size=4)), axis=1)[:, ::-1][:, :3]
-        ids = np.stack([rng.permutation(V)[:3] for _ in range(4)])
-        tree = build_tree(ids, lp, budget=int(rng.integers(0, 12)))
-        # target argmax: mostly follow some child, sometimes a random token
-        argmax = rng.integers(0, V, tree.num_packed)
-        for row in range(tree.num_packed):
-            kids = tree.children(row)
-            if len(kids) and rng.random() < 0.7:
-                argmax[row] = tree.tokens[rng.choice(kids) - 1]
-        trees.append(tree)
-        rows.append(argmax)
-    cu = np.concatenate([[0], np.cumsum([t.num_packed for t in trees])])
-    batched = greedy_walk_batched(trees, torch.from_numpy(np.concatenate(rows)), torch.from_numpy(cu))
-    for tree, argmax, got in zip(trees, rows, batched):
-        want = greedy_walk(tree, argmax)
-        assert got.path.tolist() == want.path.tolist() and got.next_root == want.next_root
-    assert max(a.num_accepted for a in batched) >= 2
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        greedy_walk_batched(trees, np.concatenate(rows), cu[:-1])
-
-
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -152,7 +126,8 @@ def random_tree(rng, vocab: int, max_depth: int, branch: float, q_marginals: np.
 
 
 def check_first_token_law(tree: Tree, logits: torch.Tensor, params: SamplingParams, seed: int, label: str):
-    last, next_root = sample_walks(tree, logits, params, N_DRAWS, torch.Generator().manual_seed(seed))
+    targets = lossless_targets(tree, logits, params)
+    last, next_root = walk_samples(tree, targets, N_DRAWS, torch.Generator().manual_seed(seed))
     counts = np.bincount(first_tokens(tree, last, next_root), minlength=logits.shape[1])
     assert_law(counts, target_probs(logits[:1], params)[0].numpy(), label)
     return last
@@ -192,7 +167,8 @@ def test_proposal_equal_to_target_on_its_support_never_rejects():
     p = torch.tensor([[0.0, 0.5, 0.3, 0.2, 0.0, 0.0]], dtype=torch.float64)
     tree = make_tree([1, 2, 3], [-1, -1, -1], [0.5, 0.3, 0.2])
     logits = torch.log(torch.cat([p, torch.full((3, V), 1.0 / V, dtype=torch.float64)]))
-    last, _ = sample_walks(tree, logits, SamplingParams(), 20_000, torch.Generator().manual_seed(0))
+    targets = lossless_targets(tree, logits, SamplingParams())
+    last, _ = walk_samples(tree, targets, 20_000, torch.Generator().manual_seed(0))
     assert np.all(last > 0)
 
 
@@ -234,7 +210,7 @@ def test_two_token_joint_law_on_a_depth_two_tree_matches_autoregressive_sampling
         rows.append(p2_logits[tree.tokens[i]] if tree.depth[i] == 1 else torch.from_numpy(rng.normal(size=V)))
     logits = torch.stack(rows)
     gen = torch.Generator().manual_seed(9)
-    last, next_root = sample_walks(tree, logits, params, N_DRAWS, gen)
+    last, next_root = walk_samples(tree, lossless_targets(tree, logits, params), N_DRAWS, gen)
     first = first_tokens(tree, last, next_root)
     depth = tree.pack_depth[last]
     second = np.where(depth >= 2, 0, next_root)
@@ -276,7 +252,7 @@ def test_stochastic_walk_rejects_bad_inputs():
     with pytest.raises(ValueError, match="distinct"):
         stochastic_walk(twins, torch.zeros(3, 8), SamplingParams(), gen)
     with pytest.raises(ValueError, match="temperature"):
-        sample_walks(BRANCHY, torch.zeros(7, 20), SamplingParams(temperature=0.0), 10, gen)
+        lossless_targets(BRANCHY, torch.zeros(7, 20), SamplingParams(temperature=0.0))
 
 
 def test_the_law_check_catches_a_verifier_that_resamples_rejections_from_p():

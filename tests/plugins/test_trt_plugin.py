@@ -2,7 +2,7 @@
 import pytest
 
 from plugins.tree_attention import trt_plugin
-from plugins.tree_attention.describe import TensorSpec, describe_tree_attention, kernel_spec
+from plugins.tree_attention.trt_plugin import TensorSpec, describe_tree_attention, kernel_spec
 
 
 def node_inputs(T=None, S=None, B1=None, Hq=32, Hkv=8, D=128, W=8, dtype="bfloat16") -> dict:
