@@ -127,7 +127,8 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: 
               help="engine: in process; openai: start `cast-trtllm serve --api openai` with the engine flags and "
                    "drive it with the openai client (TTFT, ITL, latency percentiles, lost requests).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Runs per (concurrency, method) cell, method order rotated each time; the median run is reported.")
+              help="Runs per (concurrency, method) cell, method order rotated each time; the median run "
+                   "(the slower middle one of an even count) is reported.")
 @run_options
 @model_options
 @spec_options

@@ -144,9 +144,11 @@ def throughput_page(report: dict[str, Any], out: str | None) -> str:
     first = next(iter(report["domains"].values()))[0]
     lines = _header(f"Throughput over concurrency: one engine, continuous batching"
                     f"{' behind the OpenAI server' if via == 'openai' else ''}", report)
+    runs = len(first.get("runs_tokens_per_s", [0]))
+    order = (f"each cell is the median of {runs} runs (of an even count, the slower middle one), the method order "
+             "rotated from run to run" if runs > 1 else "methods run one after another at each concurrency")
     lines += [f"{first['requests']} prompts x {first['tokens'] // first['requests']} new tokens per domain, greedy, "
-              "EOS ignored; methods run one after another at each concurrency; every output checked against AR "
-              "alone.", ""]
+              f"EOS ignored; {order}; every output checked against AR alone.", ""]
     for name, rows in report["domains"].items():
         lines += [f"## {name}", ""]
         for key, what in THROUGHPUT_TABLES[via]:

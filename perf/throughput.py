@@ -14,8 +14,8 @@ Through the server: the same methods as per-request `cast` options, each request
 completion; TTFT, inter-token latency ((last - first token) / (tokens - 1)) and request
 latency percentiles, and requests lost. Methods run one after another at each concurrency,
 after a warm-up run of each; with `--repeats R` every cell runs R times, the method order
-rotated each time, and reports its median run. Every output is checked against AR at c = 1
-(tokens in process, text through the server).
+rotated each time, and reports its median run (of an even count, the slower middle one).
+Every output is checked against AR at c = 1 (tokens in process, text through the server).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def sweep_cells(levels: Sequence[int], methods: Sequence[MethodSpec], repeats: i
                 measure: Callable[[int, MethodSpec], dict], progress: bool = True) -> list[dict]:
     """measure(c, method) -> row for every (concurrency, method), `repeats` times at each c with
     the method order rotated each time (a shared machine's drift hits every method alike).
-    Each cell reports its median-throughput run, every run's tokens/s, and the fewest outputs
-    equal to AR of any run."""
+    Each cell reports its median-throughput run (of an even count, the slower middle one),
+    every run's tokens/s, and the fewest outputs equal to AR of any run."""
     runs: dict[tuple[int, str], list[dict]] = {}
     with tqdm(total=len(levels) * len(methods) * repeats, desc="concurrency x method", disable=not progress) as bar:
         for c in levels:
