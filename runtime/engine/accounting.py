@@ -16,9 +16,10 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
     draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
     if engine.cost is not None and batch:  # every round measures the live configuration's costs
         engine.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
-        if drafting:  # what drafting adds per round: the drafter call and the tree host work (not a prompt's
-            engine.cost.observe_draft(max(draft_ms - engine.prompt_context_ms, 0.0) + (t2 - t1) * 1e3,
-                                      len(drafting))  # context pass at a first draft: paid once)
+        if drafting:  # what drafting adds per round: the drafter call and the tree host work; a first
+            # draft's context pass over its prompt is paid once, so it stays out (engine.prompt_context_ms)
+            per_round = max(draft_ms - engine.prompt_context_ms, 0.0) + (t2 - t1) * 1e3
+            engine.cost.observe_draft(per_round, len(drafting))
     overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
     drafted = {id(s) for s in drafting}
     for seq, tree, mass in zip(batch, trees, masses):
