@@ -14,6 +14,7 @@ The acceptance math runs in float64 whatever the logits' dtype.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,19 +68,37 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
     -inf elsewhere).
     """
     _check_logits(logits)
-    z = logits.to(torch.float64)
     if params.greedy:
+        z = logits.to(torch.float64)
         out = torch.full_like(z, float("-inf"))
         return out.scatter_(1, z.argmax(dim=1, keepdim=True), 0.0)
-    z = z / params.temperature
-    if 0 < params.top_k < z.shape[1]:
-        kth = torch.topk(z, params.top_k, dim=1).values[:, -1:]  # [n, 1]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if params.top_p < 1.0:
+    return processed_rows(logits, [params] * logits.shape[0])
+
+
+def processed_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """`processed_logits` with its own law per row: row i under params[i] (every temperature > 0).
+
+    logits: [n, V] on any device; the per-row settings go up in one copy, and which steps
+    run is decided from the host-side params (no device read). Returns [n, V] float64.
+    """
+    if len(params) != logits.shape[0] or any(p.greedy for p in params):
+        raise ValueError(f"processed_rows needs one SamplingParams with temperature > 0 per row: "
+                         f"{len(params)} params for {logits.shape[0]} rows")
+    z, V = logits.to(torch.float64), logits.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < V else 0 for p in params]
+    knobs = torch.tensor([[p.temperature, k, p.top_p] for p, k in zip(params, top_k)], dtype=torch.float64)
+    knobs = knobs.to(z.device, non_blocking=True)
+    z = z / knobs[:, :1]
+    if any(top_k):
+        k = knobs[:, 1:2].long()  # [n, 1]
+        kth = torch.topk(z, max(top_k), dim=1).values.gather(1, (k - 1).clamp_min(0))  # [n, 1]
+        z = z.masked_fill((k > 0) & (z < kth), float("-inf"))
+    if any(p.top_p < 1.0 for p in params):
+        top_p = knobs[:, 2:]  # [n, 1]
         sorted_z, order = torch.sort(z, dim=1, descending=True)
         probs = torch.softmax(sorted_z, dim=1)
         mass_before = torch.cumsum(probs, dim=1) - probs  # [n, V]
-        drop_sorted = mass_before >= params.top_p  # the top token always stays
+        drop_sorted = (mass_before >= top_p) & (top_p < 1.0)  # the top token always stays
         drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
         z = z.masked_fill(drop, float("-inf"))
     return z

@@ -7,8 +7,9 @@ A round (ARCHITECTURE.md; paper §2, App. C):
   trees  — one tree per request (`runtime.engine.trees`; where N is chosen);
   verify — ONE ragged, ancestor-masked target pass over every request's pack
            [b, z_1..z_N] (a request that does not draft packs the empty tree [b]);
-  walk   — greedy on the device for every plain greedy request, ONE host read per round
-           (`runtime.engine.walks`); Theorem 3's lossless rejection sampling at T > 0 on the host;
+  walk   — on the device for every request without logit processing or logprobs, greedy or
+           sampled (Theorem 3's lossless rejection sampling), ONE host read per round
+           (`runtime.engine.walks`); the others walk on the host from their processed rows;
   commit — KV compacted to x∘b∘y_1:A in one device gather; taps of those rows queued for the drafter.
 On CUDA the trees are built on the device too (`runtime.device_trees`); on a CPU, where
 the host search is faster, on the host and uploaded.
@@ -178,8 +179,11 @@ class LLMEngine:
             roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
             logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
             t3 = clock.now()
-            accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads,
-                                                lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
+            walk = None if type(self)._walk is LLMEngine._walk else (  # a subclass's rule walks on the host
+                lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
+            levels = 1 + (self.spec.draft_positions(self.drafter.num_draft_positions) if self.drafter else 0)
+            accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads, walk,
+                                                (levels, self.spec.rank_cap))
             kept = [self._commit(seq, tree, acc, processed.get(b), draft)
                     for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
             self.target.commit_many([s.target for s in batch], kept)  # KV compaction: one gather on the device

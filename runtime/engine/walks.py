@@ -1,12 +1,14 @@
 """A round's walks after its one verify pass (paper §2, App. C; Theorem 3).
 
-Greedy requests with nothing to apply to their rows (no min_tokens / bad_words, no
-logprobs) walk on the engine's device, all at once (`runtime.device_trees.greedy_accept`),
-and the round reads back ONE small int64 tensor: every such request's accepted count,
-committed pack rows and committed tokens. That is the round's only device -> host
-transfer for them (`HostReads` counts it). The others walk on the host from their
-processed rows: sampled requests by recursive rejection sampling, greedy ones with
-processing by `greedy_walk` on the processed argmax.
+Requests with nothing to apply to their rows (no min_tokens / bad_words, no logprobs)
+walk on the engine's device, all at once: greedy ones by `device_trees.greedy_accept`,
+sampled ones by Theorem 3's lossless walk (`device_sampling.sampled_accept`, with
+uniforms drawn from each request's seeded generator). The round then reads back ONE
+small int64 tensor: every such request's accepted count, committed pack rows and
+committed tokens. That is the round's only device -> host transfer for them
+(`HostReads` counts it). The others walk on the host from their processed rows:
+sampled requests by recursive rejection sampling, greedy ones by `greedy_walk` on the
+processed argmax, and every request of an engine with another walk (a relaxed rule).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from cast_trtllm.tree import Tree
 from cast_trtllm.sampling import sample_tokens
 from cast_trtllm.verify import Acceptance, greedy_walk, stochastic_walk
 from runtime.backends.slot_pool import flat_rows
+from runtime.device_sampling import sampled_accept
 from runtime.device_trees import TreeBatch, greedy_accept
 
 
@@ -46,51 +49,65 @@ def host_walk(seq, tree: Tree, logits: torch.Tensor) -> Acceptance:
 
 
 def on_device(seq) -> bool:
-    """Whether a request's walk runs on the device: greedy, with its rows used as they come."""
-    return seq.request.sampling.greedy and seq.processor is None and seq.request.logprobs is None
+    """Whether a request's walk can run on the device: its rows are used as they come."""
+    return seq.processor is None and seq.request.logprobs is None
 
 
 def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch, sizes: Sequence[int],
-               roots: torch.Tensor, logits: torch.Tensor, read: HostReads, walk: Callable
-               ) -> tuple[list[Acceptance], list[Tree], dict[int, torch.Tensor]]:
+               roots: torch.Tensor, logits: torch.Tensor, read: HostReads, walk: Callable | None,
+               uniforms: tuple[int, int]) -> tuple[list[Acceptance], list[Tree], dict[int, torch.Tensor]]:
     """Each request's Acceptance, the round's host trees (`trees`, or, when the trees were
     built on the device (None), read back in the same transfer) and the processed rows
     [n_b, V] of the requests walked on the host (by batch index). sizes: nodes packed per
     request; logits: [Σn, V] the pass's rows in `flat_rows` order; walk(b, tree, processed rows)
-    walks request b on the host (the engine's `_walk`: `host_walk`, or a relaxed rule's)."""
+    walks request b on the host (None: `host_walk`, and the lossless walks may run on the
+    device; a relaxed rule's walk runs every sampled request on the host); uniforms: (levels,
+    C) a device-sampled request draws [levels, 2C + 1] per round: 1 + the deepest tree any
+    request of the engine can have, and its rank cap K (the most children of a node)."""
     packed = [1 + s for s in sizes]
     offsets = np.cumsum([0] + packed)
     accs: list[Acceptance | None] = [None] * len(batch)
-    device = [b for b, seq in enumerate(batch) if on_device(seq)]
-    parts, shapes = [], []  # what the one read carries, flattened int64
-    if device:
+    greedy = [b for b, seq in enumerate(batch) if on_device(seq) and seq.request.sampling.greedy]
+    sampled = [b for b, seq in enumerate(batch) if on_device(seq) and walk is None and b not in greedy]
+    parts = []  # what the one read carries, flattened int64: per group [accepted, rows, committed]
+    if greedy:
         request, row = (torch.from_numpy(a).to(logits.device) for a in flat_rows(packed))
         argmax = torch.zeros((len(batch), 1 + tree_batch.width), dtype=torch.int64, device=logits.device)
         argmax[request, row] = logits.argmax(dim=-1)
-        pick = torch.as_tensor(device, device=logits.device)
+        pick = torch.as_tensor(greedy, device=logits.device)
         rows, accepted, committed = greedy_accept(tree_batch.select(pick), roots[pick], argmax[pick])
+        parts.append(torch.cat([accepted[:, None], rows, committed], 1))
+    if sampled:  # each draws the same count every round (a seed's stream must not depend on the batch)
+        levels, C = uniforms
+        u = torch.stack([torch.rand(levels, 2 * C + 1, generator=batch[b].generator, dtype=torch.float64)
+                         for b in sampled])[:, :1 + min(tree_batch.max_depth, tree_batch.width)]
+        u = u.to(logits.device, non_blocking=True)
+        start = torch.as_tensor(offsets[sampled], device=logits.device)
+        pick = torch.as_tensor(sampled, device=logits.device)
+        rows, accepted, committed = sampled_accept(tree_batch.select(pick), logits, start,
+                                                   [batch[b].request.sampling for b in sampled], u)
         parts.append(torch.cat([accepted[:, None], rows, committed], 1))
     if trees is None:
         parts += [tree_batch.tokens, tree_batch.parent, tree_batch.depth, tree_batch.score.view(torch.int64)]
+    host = []
     if parts:
-        shapes = [p.shape for p in parts]
-        host = np.split(read(torch.cat([p.reshape(-1) for p in parts])), np.cumsum([p.numel() for p in parts])[:-1])
-        host = [h.reshape(s) for h, s in zip(host, shapes)]
+        flat = read(torch.cat([p.reshape(-1) for p in parts]))
+        host = [h.reshape(p.shape) for h, p in zip(np.split(flat, np.cumsum([p.numel() for p in parts])[:-1]), parts)]
     if trees is None:
         tokens, parent, depth, score = host[-4:]
         trees = tree_batch.to_host({"tokens": tokens, "parent": parent, "depth": depth, "score": score.view(np.float64)})
         trees = [t.head(min(t.size, n)) for t, n in zip(trees, sizes)]
-    if device:
-        won, depth = host[0], rows.shape[1]
-        for j, b in enumerate(device):
+    for group, won in zip([g for g in (greedy, sampled) if g], host):
+        steps = (won.shape[1] - 1) // 2  # [accepted, rows (steps), committed (steps)]
+        for j, b in enumerate(group):
             a = int(won[j, 0])
-            accs[b] = Acceptance(path=won[j, 2: 2 + a].copy(), tokens=won[j, 1 + depth: 1 + depth + a].copy(),
-                                 next_root=int(won[j, 1 + depth + a]))
+            accs[b] = Acceptance(path=won[j, 2: 1 + a + 1].copy(), tokens=won[j, 1 + steps: 1 + steps + a].copy(),
+                                 next_root=int(won[j, 1 + steps + a]))
     processed = {}
     for b, seq in enumerate(batch):
         if accs[b] is None:  # the walk and logprobs see the law after min_tokens / bad_words
             processed[b] = seq.processed(trees[b], logits[offsets[b]: offsets[b] + trees[b].num_packed])
-            accs[b] = walk(b, trees[b], processed[b])
+            accs[b] = walk(b, trees[b], processed[b]) if walk else host_walk(seq, trees[b], processed[b])
     return accs, trees, processed  # type: ignore[return-value]
 
 
