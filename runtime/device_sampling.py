@@ -13,7 +13,7 @@ the target law p only on the children's tokens: it is kept as its values there
 it). A rejection costs O(C) instead of a pass over the vocabulary; the full vector is
 formed once per level, for the final draw.
 
-Randomness: each walk brings its own uniforms [levels, 2C + 1] (race keys, acceptance
+Randomness: each walk brings its own uniforms [levels, 2K + 1] (race keys, acceptance
 tests, final draw), drawn by the caller from the request's seeded generator, so a seed
 reproduces a request's output whatever else shares its batch.
 """
@@ -30,21 +30,24 @@ from runtime.device_trees import TreeBatch
 
 
 def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor, params: Sequence[SamplingParams],
-                   uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   uniforms: torch.Tensor, children: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One lossless stochastic walk per row of `tree`, all at once.
 
     tree: [B, W] the walks' trees (siblings carry distinct tokens, as best-first trees do);
     logits: [R, V] the verify pass's rows, walk b's pack row r at logits[offsets[b] + r];
-    params: B sampling laws (temperature > 0); uniforms: [B, levels, 2C + 1] float64 with
-    levels >= 1 + the deepest node's depth and C >= the most children of any node.
+    params: B sampling laws (temperature > 0); uniforms: [B, levels, 2K + 1] float64 with
+    levels >= 1 + the deepest node's depth; children: C <= K, the most children of any node
+    (default K). Level d uses uniforms[:, d]: race keys [:C], tests [K:K + C], final draw [2K].
     Returns, like `device_trees.greedy_accept`: rows [B, levels] (pack rows of the path,
     root first; then the last one repeated), accepted [B] node count, committed [B, levels]
     (the accepted tokens, then the next pending root at column `accepted`).
     """
     B, depth = tree.tokens.shape[0], min(tree.max_depth, tree.width)
-    levels, C = uniforms.shape[1], (uniforms.shape[2] - 1) // 2
-    if uniforms.shape[0] != B or uniforms.shape[2] != 2 * C + 1 or C < 1 or levels <= depth:
-        raise ValueError(f"uniforms must be [B={B}, levels > {depth}, 2C + 1 with C >= 1], got {tuple(uniforms.shape)}")
+    levels, K = uniforms.shape[1], (uniforms.shape[2] - 1) // 2
+    C = K if children is None else children
+    if uniforms.shape[0] != B or uniforms.shape[2] != 2 * K + 1 or not 1 <= C <= K or levels <= depth:
+        raise ValueError(f"uniforms must be [B={B}, levels > {depth}, 2K + 1] with 1 <= children <= K, got "
+                         f"{tuple(uniforms.shape)} and children {children}")
     tree = tree.widen(1)  # an AR step's empty tree: one absent node, so every gather has a column
     W = tree.width
     dev = logits.device
@@ -79,7 +82,7 @@ def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor,
         for s in range(C):
             tried = active & valid_s[:, s]
             q_tilde = q_s[:, s] / avail[:, s].clamp_min(RESIDUAL_FLOOR)
-            ok = tried & (u[:, C + s] * q_tilde < mu[:, s])  # accept w.p. min(1, mu(c) / q~(c))
+            ok = tried & (u[:, K + s] * q_tilde < mu[:, s])  # accept w.p. min(1, mu(c) / q~(c))
             slot = torch.where(ok, s, slot)
             active &= ~ok
             rejected = tried & ~ok  # mu <- norm((mu - q~)_+), q~ renormalized over the untried children
@@ -95,7 +98,7 @@ def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor,
         full = law * scale[:, None]
         full = full.scatter_add(1, tok_s, (mu - full.gather(1, tok_s)) * valid_s).clamp_min(0.0)
         moved = live & (slot >= 0)
-        token = torch.where(moved, tok_s.gather(1, slot.clamp_min(0)[:, None])[:, 0], sample_from(full, u[:, 2 * C]))
+        token = torch.where(moved, tok_s.gather(1, slot.clamp_min(0)[:, None])[:, 0], sample_from(full, u[:, 2 * K]))
         committed[:, d] = torch.where(live, token, committed[:, d])
         accepted += moved
         row = torch.where(moved, kid_s.gather(1, slot.clamp_min(0)[:, None])[:, 0] + 1, row)

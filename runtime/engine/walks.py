@@ -84,8 +84,9 @@ def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch,
         u = u.to(logits.device, non_blocking=True)
         start = torch.as_tensor(offsets[sampled], device=logits.device)
         pick = torch.as_tensor(sampled, device=logits.device)
+        kids = max(min(C, 1 if batch[b].method == "chain" else max(1, sizes[b])) for b in sampled)  # slots to try
         rows, accepted, committed = sampled_accept(tree_batch.select(pick), logits, start,
-                                                   [batch[b].request.sampling for b in sampled], u)
+                                                   [batch[b].request.sampling for b in sampled], u, kids)
         parts.append(torch.cat([accepted[:, None], rows, committed], 1))
     if trees is None:
         parts += [tree_batch.tokens, tree_batch.parent, tree_batch.depth, tree_batch.score.view(torch.int64)]

@@ -21,9 +21,10 @@ def walk(tree: Tree, logits: torch.Tensor, params: list[SamplingParams], seed: i
     """Each walk's first committed token, its accepted count and committed tokens [B, levels]."""
     B = len(params)
     batch = TreeBatch.from_host([tree], "cpu").select(torch.zeros(B, dtype=torch.int64))
-    u = torch.rand(B, tree.max_depth + 1, 2 * C + 1, generator=torch.Generator().manual_seed(seed),
+    K = C + 2  # the rank cap the uniforms are laid out for; C child slots are tried
+    u = torch.rand(B, tree.max_depth + 1, 2 * K + 1, generator=torch.Generator().manual_seed(seed),
                    dtype=torch.float64)
-    rows, accepted, committed = sampled_accept(batch, logits, torch.zeros(B, dtype=torch.int64), params, u)
+    rows, accepted, committed = sampled_accept(batch, logits, torch.zeros(B, dtype=torch.int64), params, u, C)
     assert torch.equal(rows[:, 0], torch.zeros(B, dtype=torch.int64))
     return committed[:, 0].numpy(), accepted.numpy(), committed.numpy(), rows.numpy()
 
@@ -94,6 +95,8 @@ def test_an_empty_tree_is_one_autoregressive_draw_from_the_target_law():
 
 def test_the_walk_refuses_uniforms_too_short_for_the_tree():
     tree = make_tree([1, 2], [-1, 0])
+    args = TreeBatch.from_host([tree], "cpu"), torch.zeros(3, V), torch.zeros(1, dtype=torch.int64), [SamplingParams()]
     with pytest.raises(ValueError, match="levels"):
-        sampled_accept(TreeBatch.from_host([tree], "cpu"), torch.zeros(3, V), torch.zeros(1, dtype=torch.int64),
-                       [SamplingParams()], torch.rand(1, 2, 5, dtype=torch.float64))
+        sampled_accept(*args, torch.rand(1, 2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="children"):
+        sampled_accept(*args, torch.rand(1, 3, 5, dtype=torch.float64), children=3)
