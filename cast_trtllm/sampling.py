@@ -116,11 +116,11 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     Returns [B] int64. Tokens of zero mass are never drawn.
     """
     cdf = torch.cumsum(probs, dim=1)  # [B, V]
-    target = uniforms.to(cdf.dtype) * cdf[:, -1]
-    token = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
-    # u * total may round up to total: fall back to the last token of positive mass
-    last_positive = probs.shape[1] - 1 - torch.argmax((probs.flip(1) > 0).to(torch.int8), dim=1)
-    return torch.minimum(token, last_positive)
+    total = cdf[:, -1:]
+    # kept below the total (u * total may round up to it), the first cdf entry above the
+    # target is one where the cdf rose: a token of positive mass
+    target = torch.minimum(uniforms.to(cdf.dtype)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]
 
 
 def sample_tokens(

@@ -10,8 +10,9 @@ number of tensor ops per level and per child slot; no host read, no data-depende
 Sparse residual. q~ lives on the node's children only, so the residual mu differs from
 the target law p only on the children's tokens: it is kept as its values there
 (`mu` [B, C]) and one factor for every other token (`scale` [B]: their mass is p's times
-it). A rejection costs O(C) instead of a pass over the vocabulary; the full vector is
-formed once per level, for the final draw.
+it). A rejection costs O(C) instead of a pass over the vocabulary, and a level costs one
+normalizer of the node's law; the full vector is formed once per walk, after the last
+level, for its final draw.
 
 Randomness: each walk brings its own uniforms [levels, 2K + 1] (race keys, acceptance
 tests, final draw), drawn by the caller from the request's seeded generator, so a seed
@@ -59,10 +60,13 @@ def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor,
     accepted = torch.zeros_like(row)
     committed = torch.zeros(B, levels, dtype=torch.int64, device=dev)
     rows = []
+    stop = {"row": row, "at": row, "u": uniforms[:, 0, 2 * K], "scale": torch.ones(B, dtype=torch.float64, device=dev),
+            "mu": torch.zeros(B, C, dtype=torch.float64, device=dev), "tok": row.new_zeros(B, C),
+            "valid": torch.zeros(B, C, dtype=torch.bool, device=dev)}  # each walk's final residual, drawn after the loop
     for d in range(levels):  # a live walk has accepted d nodes at level d
         rows.append(row)
-        law = torch.softmax(processed_rows(logits[offsets + row], params), dim=1)  # [B, V] p at the node
-        u = uniforms[:, d]  # [B, 2C + 1]
+        z = processed_rows(logits[offsets + row], params)  # [B, V] the law at the node, as logits
+        u = uniforms[:, d]  # [B, 2K + 1]
         # the node's retained children (at most C), their tokens and the proposal q~ on them
         is_kid = present & (tree.parent + 1 == row[:, None])  # [B, W]
         kid = torch.nn.functional.pad((is_kid * first).topk(min(C, W), dim=1).indices, (0, max(0, C - W)))  # [B, C]
@@ -75,8 +79,8 @@ def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor,
         q_s, valid_s, kid_s = q.gather(1, order), valid.gather(1, order), kid.gather(1, order)
         tok_s = tree.tokens.gather(1, kid_s)
         avail = q_s.flip(1).cumsum(1).flip(1)  # [B, C] proposal mass not yet tried
-        p_kids = law.gather(1, tok_s) * valid_s  # [B, C]
-        rest = (law.sum(1) - p_kids.sum(1)).clamp_min(0.0)  # p's mass off the children
+        p_kids = (z.gather(1, tok_s) - torch.logsumexp(z, dim=1, keepdim=True)).exp() * valid_s  # [B, C] p there
+        rest = (1.0 - p_kids.sum(1)).clamp_min(0.0)  # p's mass off the children
         mu, scale = p_kids, torch.ones(B, dtype=torch.float64, device=dev)
         slot, active = torch.full_like(row, -1), live.clone()
         for s in range(C):
@@ -94,13 +98,17 @@ def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor,
                              torch.where(rejected[:, None], cut / mass.clamp_min(RESIDUAL_FLOOR)[:, None], mu))
             scale = torch.where(rejected & spent, 1.0, torch.where(rejected, scale / mass.clamp_min(RESIDUAL_FLOOR),
                                                                      scale))
-        # a walk that accepted no child draws the recovered (or, at a leaf, bonus) token from mu
-        full = law * scale[:, None]
-        full = full.scatter_add(1, tok_s, (mu - full.gather(1, tok_s)) * valid_s).clamp_min(0.0)
         moved = live & (slot >= 0)
-        token = torch.where(moved, tok_s.gather(1, slot.clamp_min(0)[:, None])[:, 0], sample_from(full, u[:, 2 * K]))
-        committed[:, d] = torch.where(live, token, committed[:, d])
+        ends = live & ~moved  # every child rejected, or a leaf: keep the residual for the final draw
+        for key, value in (("row", row), ("at", torch.full_like(row, d)), ("u", u[:, 2 * K]), ("scale", scale),
+                           ("mu", mu), ("tok", tok_s), ("valid", valid_s)):
+            stop[key] = torch.where(ends if value.dim() == 1 else ends[:, None], value, stop[key])
+        committed[:, d] = torch.where(moved, tok_s.gather(1, slot.clamp_min(0)[:, None])[:, 0], committed[:, d])
         accepted += moved
         row = torch.where(moved, kid_s.gather(1, slot.clamp_min(0)[:, None])[:, 0] + 1, row)
         live = moved
+    # the recovered (or, at a leaf, bonus) token: ONE full-vocabulary law per walk, at the row it stopped on
+    law = torch.softmax(processed_rows(logits[offsets + stop["row"]], params), dim=1) * stop["scale"][:, None]
+    law = law.scatter_add(1, stop["tok"], (stop["mu"] - law.gather(1, stop["tok"])) * stop["valid"]).clamp_min(0.0)
+    committed.scatter_(1, stop["at"][:, None], sample_from(law, stop["u"])[:, None])
     return torch.stack(rows, 1), accepted, committed
