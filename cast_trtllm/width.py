@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cast_trtllm.json_fields import ascending_ints
 from cast_trtllm.profile import WidthProfile
 from cast_trtllm.width_rules import (
-    WidthChoice, batched_stopping_width, bucket_slot, check_masses, table_rule_width,
+    WidthChoice, batched_stopping_width, bucket_slot, check_masses, check_policy, table_rule_width, width_choice,
 )
 
 RULES = ("table", "marginal")
@@ -38,7 +39,6 @@ class WidthPolicy:
     fixed_ms: tuple[float, ...]               # [batch]
     rule: str = "table"
     rank_cap: int = 8                         # K: tokens kept per drafted position
-    min_budget: int = 0
     max_budget: int | None = None             # None: widest bucket - 1
     mass_exponent: float = 1.0                # calibration: a node's acceptance ~= rho ** exponent
 
@@ -46,10 +46,7 @@ class WidthPolicy:
         if self.rule not in RULES:
             raise ValueError(f"WidthPolicy.rule must be one of {RULES}, got {self.rule!r}")
         for name in ("buckets", "batch_sizes"):
-            values = getattr(self, name)
-            if not values or values[0] < 1 or np.any(np.diff(values) <= 0):
-                raise ValueError(f"WidthPolicy.{name} must be strictly ascending and >= 1, "
-                                 f"got {values}")
+            object.__setattr__(self, name, ascending_ints(getattr(self, name), f"WidthPolicy.{name}"))
         nb = len(self.batch_sizes)
         for name in ("bucket_ms", "intercept_ms", "slope_ms", "fixed_ms"):
             if len(getattr(self, name)) != nb:
@@ -58,20 +55,11 @@ class WidthPolicy:
         if table.shape != (nb, len(self.buckets)) or not np.all(table > 0):
             raise ValueError(f"WidthPolicy.bucket_ms must be positive with shape "
                              f"({nb}, {len(self.buckets)}), got shape {table.shape}")
-        if self.rank_cap < 1:
-            raise ValueError(f"WidthPolicy.rank_cap must be >= 1, got {self.rank_cap}")
-        if not self.mass_exponent > 0:
-            raise ValueError(f"WidthPolicy.mass_exponent must be > 0, got {self.mass_exponent}")
-        widest = self.buckets[-1] - 1
-        if self.max_budget is None:
-            object.__setattr__(self, "max_budget", widest)
-        if not 0 <= self.min_budget <= self.max_budget <= widest:
-            raise ValueError(f"need 0 <= min_budget <= max_budget <= widest bucket - 1 = "
-                             f"{widest}, got {self.min_budget}, {self.max_budget}")
+        object.__setattr__(self, "max_budget", check_policy("WidthPolicy", self.buckets, self.rank_cap,
+                                                            self.mass_exponent, self.max_budget))
 
     @classmethod
-    def from_profile(cls, profile: WidthProfile, prefix_len: int, rule: str = "table",
-                     rank_cap: int = 8, min_budget: int = 0,
+    def from_profile(cls, profile: WidthProfile, prefix_len: int, rule: str = "table", rank_cap: int = 8,
                      max_budget: int | None = None, mass_exponent: float = 1.0) -> WidthPolicy:
         """Bucket table of the profile's prefix bucket for `prefix_len`, all batch sizes."""
         prefix = profile.prefix_bucket(prefix_len)
@@ -83,8 +71,7 @@ class WidthPolicy:
             intercept_ms=tuple(profile.fits[prefix][b].intercept_ms for b in batches),
             slope_ms=tuple(profile.fits[prefix][b].slope_ms for b in batches),
             fixed_ms=tuple(profile.fixed_ms(b) for b in batches),
-            rule=rule, rank_cap=rank_cap, min_budget=min_budget, max_budget=max_budget,
-            mass_exponent=mass_exponent)
+            rule=rule, rank_cap=rank_cap, max_budget=max_budget, mass_exponent=mass_exponent)
 
     def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
         """Budget for this round from the round's sorted prefix masses.
@@ -93,23 +80,17 @@ class WidthPolicy:
         requests); they are calibrated here as rho ** mass_exponent (monotone, so the
         order and hence the tree are unchanged; only how far it pays to grow it).
         """
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
         rho = check_masses(masses_desc) ** self.mass_exponent
 
         def row(values) -> float:  # linear in batch size between measured sizes
             return float(np.interp(batch, self.batch_sizes, values))
 
         ms = np.array([row(col) for col in zip(*self.bucket_ms)])  # [buckets]
-        fixed = row(self.fixed_ms)
-        lo = min(batch * self.min_budget, len(rho))
-        hi = min(batch * self.max_budget, len(rho))
+        fixed, hi = row(self.fixed_ms), batch * self.max_budget
         if self.rule == "table":
-            budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, lo, hi, batch)
+            budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch)
         else:  # ell(M, B) = fixed + c0 + c1 * (B + M) / B per-request packed count
             c1 = max(row(self.slope_ms), 0.0)
-            ell0 = fixed + row(self.intercept_ms) + c1
-            budget = batched_stopping_width(rho, batch, ell0, c1 / batch, lo, hi)
+            budget = batched_stopping_width(rho, batch, fixed + row(self.intercept_ms) + c1, c1 / batch, hi)
             bucket = self.buckets[bucket_slot(self.buckets, budget, batch)]
-        cost = fixed + ms[self.buckets.index(bucket)]
-        return WidthChoice(budget, bucket, float((batch + rho[:budget].sum()) / cost))
+        return width_choice(rho, budget, bucket, self.buckets, ms, fixed, batch)

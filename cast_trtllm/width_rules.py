@@ -29,42 +29,31 @@ class WidthChoice(NamedTuple):
     predicted_tokens_per_ms: float  # (B + g) / (fixed + ell(bucket))
 
 
-def marginal_stopping_width(masses_desc: np.ndarray, ell0_ms: float, c1_ms: float,
-                            n_min: int = 0, n_max: int | None = None) -> int:
-    """Theorem 2: budget N* under the affine round time ell(N) = ell0 + c1 * N.
-
-    From N = n_min, add node N+1 while rho_(N+1) >= (1 + g(N)) / ell(N) * c1 (the next
-    node's mass pays at least the token-time exchange rate). Throughput is unimodal, so
-    the first failure is a maximizer; n_max (default: all masses) is the other boundary.
-    """
-    return batched_stopping_width(masses_desc, 1, ell0_ms, c1_ms, n_min, n_max)
-
-
 def batched_stopping_width(global_masses_desc: np.ndarray, batch: int, ell0_ms: float,
-                           c1_ms: float, m_min: int = 0, m_max: int | None = None) -> int:
-    """Proposition 3: total budget M* for B requests sharing one verify pass.
+                           c1_ms: float, m_max: int | None = None) -> int:
+    """Proposition 3: total budget M* for B requests sharing one verify pass (B = 1: Theorem 2).
 
     `global_masses_desc` are the pooled order statistics of all B requests' universes
-    (Proposition 2); ell(M, B) = ell0 + c1 * M. Add global node M+1 while
-    rho_(M+1) >= (G(M) + B) / ell(M, B) * c1. B = 1 is Theorem 2.
+    (Proposition 2); ell(M, B) = ell0 + c1 * M. From M = 0, add global node M+1 while
+    rho_(M+1) >= (G(M) + B) / ell(M, B) * c1 (the next node's mass pays at least the
+    token-time exchange rate). Throughput is unimodal, so the first failure is a maximizer;
+    m_max (default: all masses) is the other boundary.
     """
     rho = check_masses(global_masses_desc)  # [U]
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
+    check_batch(batch)
     if ell0_ms <= 0 or c1_ms < 0:
         raise ValueError(f"need ell0_ms > 0 and c1_ms >= 0 (Theorem 2), got "
                          f"ell0_ms={ell0_ms}, c1_ms={c1_ms}; clamp a negative fitted slope to 0")
-    lo, hi = _budget_range(len(rho), m_min, m_max)
+    hi = _budget_limit(len(rho), m_max)
     committed = batch + np.concatenate([[0.0], np.cumsum(rho)])  # [U+1] G(M) + B
-    m = np.arange(lo, hi)                                         # candidate M to grow from
+    m = np.arange(hi)                                              # candidate M to grow from
     grow = rho[m] * (ell0_ms + c1_ms * m) >= committed[m] * c1_ms  # rho_(M+1) ell(M) >= (G+B) c1
     stops = np.flatnonzero(~grow)
     return int(m[stops[0]]) if len(stops) else hi
 
 
 def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: np.ndarray,
-                     fixed_ms: float = 0.0, n_min: int = 0, n_max: int | None = None,
-                     batch: int = 1) -> tuple[int, int]:
+                     fixed_ms: float = 0.0, n_max: int | None = None, batch: int = 1) -> tuple[int, int]:
     """Exact width over a measured bucket table: argmax_N (B + g(N)) / (fixed + ell(bucket(N))).
 
     A budget N pays the latency of the smallest bucket >= (B + N) / B packed tokens per
@@ -73,15 +62,21 @@ def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: 
     """
     rho = check_masses(masses_desc)  # [U]
     buckets, ms = check_curve(buckets_n, bucket_ms)
+    check_batch(batch)
     if fixed_ms < 0:
         raise ValueError(f"fixed_ms must be >= 0, got {fixed_ms}")
-    capacity = batch * (int(buckets[-1]) - 1)
-    lo, hi = _budget_range(min(len(rho), capacity), n_min, n_max)
-    budgets = np.arange(lo, hi + 1)                                      # [C]
+    budgets = np.arange(_budget_limit(min(len(rho), batch * (int(buckets[-1]) - 1)), n_max) + 1)  # [C]
     slot = bucket_slot(buckets, budgets, batch)                          # [C] bucket index
     committed = batch + np.concatenate([[0.0], np.cumsum(rho)])[budgets]
     best = int(np.argmax(committed / (fixed_ms + ms[slot])))
     return int(budgets[best]), int(buckets[slot[best]])
+
+
+def width_choice(rho: np.ndarray, budget: int, bucket: int, buckets: tuple[int, ...], bucket_ms: np.ndarray,
+                 fixed_ms: float, batch: int) -> WidthChoice:
+    """The `WidthChoice` of packing `budget` nodes padded to `bucket`, with its predicted tokens/ms."""
+    cost = fixed_ms + bucket_ms[buckets.index(bucket)]
+    return WidthChoice(budget, bucket, float((batch + rho[:budget].sum()) / cost))
 
 
 def check_masses(masses_desc) -> np.ndarray:
@@ -95,14 +90,31 @@ def check_masses(masses_desc) -> np.ndarray:
     return rho
 
 
+def check_batch(batch: int) -> None:
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+
+
+def check_policy(owner: str, buckets: tuple[int, ...], rank_cap: int, mass_exponent: float,
+                 max_budget: int | None) -> int:
+    """Validate the knobs `WidthPolicy` and `OnlineCostModel` share; returns max_budget (None: widest)."""
+    if rank_cap < 1:
+        raise ValueError(f"{owner}.rank_cap must be >= 1, got {rank_cap}")
+    if not mass_exponent > 0:
+        raise ValueError(f"{owner}.mass_exponent must be > 0, got {mass_exponent}")
+    widest = buckets[-1] - 1
+    max_budget = widest if max_budget is None else max_budget
+    if not 0 <= max_budget <= widest:
+        raise ValueError(f"{owner}: need 0 <= max_budget <= widest bucket - 1 = {widest}, got {max_budget}")
+    return max_budget
+
+
 def bucket_slot(buckets, budget, batch: int):
     """Index of the smallest bucket >= (batch + budget) / batch packed tokens per request."""
     return np.searchsorted(buckets, np.ceil((batch + np.asarray(budget)) / batch))
 
 
-def _budget_range(available: int, n_min: int, n_max: int | None) -> tuple[int, int]:
-    hi = available if n_max is None else min(n_max, available)
-    if n_min < 0 or n_min > hi:
-        raise ValueError(f"need 0 <= n_min <= n_max, got n_min={n_min}, n_max={n_max} "
-                         f"with {available} candidate nodes available")
-    return n_min, hi
+def _budget_limit(available: int, n_max: int | None) -> int:
+    if n_max is not None and n_max < 0:
+        raise ValueError(f"need n_max >= 0, got {n_max}")
+    return available if n_max is None else min(n_max, available)
