@@ -42,7 +42,7 @@ import numpy as np
 
 from cast_trtllm.cost_curve import robust_line
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
-from cast_trtllm.width_rules import WidthChoice, check_batch, check_masses, check_policy, table_rule_width, width_choice
+from cast_trtllm.width import WidthChoice, check_batch, check_masses, check_policy, table_rule_width, width_choice
 
 SCHEMA_VERSION = 1
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from cast_trtllm.profile import REFERENCE_DIR, load_profile
 from cast_trtllm.cost_curve import choose_buckets, detect_cliffs, fit_affine
 from cast_trtllm.width import WidthPolicy
-from cast_trtllm.width_rules import batched_stopping_width, table_rule_width
+from cast_trtllm.width import batched_stopping_width, table_rule_width
 
 
 def power_law_masses(anchors: list[tuple[int, float]], count: int = 256) -> np.ndarray:
