@@ -24,7 +24,6 @@ from typing import NamedTuple
 import numpy as np
 
 from cast_trtllm.cost_curve import check_curve
-from cast_trtllm.json_fields import ascending_ints
 from cast_trtllm.profile import WidthProfile
 
 
@@ -135,7 +134,9 @@ class WidthPolicy:
     `bucket_ms[b][j]` is the verify latency of `batch_sizes[b]` requests each packing
     `buckets[j]` tokens; `intercept_ms`/`slope_ms` the affine fit per batch (marginal
     rule); `fixed_ms` the per-batch drafter + overhead ms. Batches between measured sizes
-    are interpolated linearly, beyond them clamped. Budgets are per request.
+    are interpolated linearly, beyond them clamped. Budgets are per request. The tables
+    come from a `WidthProfile` (`from_profile`), which validated them; only the policy
+    knobs are checked here.
     """
 
     buckets: tuple[int, ...]
@@ -152,16 +153,6 @@ class WidthPolicy:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"WidthPolicy.rule must be one of {RULES}, got {self.rule!r}")
-        for name in ("buckets", "batch_sizes"):
-            object.__setattr__(self, name, ascending_ints(getattr(self, name), f"WidthPolicy.{name}"))
-        nb = len(self.batch_sizes)
-        for name in ("bucket_ms", "intercept_ms", "slope_ms", "fixed_ms"):
-            if len(getattr(self, name)) != nb:
-                raise ValueError(f"WidthPolicy.{name}: expected {nb} rows (one per batch size)")
-        table = np.asarray(self.bucket_ms, dtype=np.float64)
-        if table.shape != (nb, len(self.buckets)) or not np.all(table > 0):
-            raise ValueError(f"WidthPolicy.bucket_ms must be positive with shape "
-                             f"({nb}, {len(self.buckets)}), got shape {table.shape}")
         object.__setattr__(self, "max_budget", check_policy("WidthPolicy", self.buckets, self.rank_cap,
                                                             self.mass_exponent, self.max_budget))
 
