@@ -24,8 +24,9 @@ masses inherited from the engine's last drafting request until it has its own) a
 probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once.
 
 A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta)
-(the expected committed length, paper §2), not the realized R (1 or much more in one
-round), scaled by the request's realized / predicted accepted tokens (with
+(the expected committed length, paper §2), not the realized R: R of one round is 1 or
+much more, and an arm played only at probes would stick on one unlucky sample. The
+forecast is scaled by the request's realized / predicted accepted tokens (with
 `prior_tokens` pseudo-counts). Output is unaffected; only which rounds draft.
 """
 
