@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+CLIFF_JUMP = 0.10  # a cliff rises this fraction of ms[i] above the local slope's prediction
+CLIFF_MIN_N = 2  # n = 1 runs the decode kernels: steps from it are never cliffs
+CLIFF_WINDOW = 4  # previous counts the local slope is fitted over
+
 
 def fit_affine(n: np.ndarray, ms: np.ndarray, lo: int, hi: int) -> tuple[float, float]:
     """Least-squares ell(n) ~= c0 + c1 * n over the measured n in [lo, hi] (paper §3.1).
@@ -26,40 +30,36 @@ def fit_affine(n: np.ndarray, ms: np.ndarray, lo: int, hi: int) -> tuple[float, 
     return float(c0), float(c1)
 
 
-def detect_cliffs(n: np.ndarray, ms: np.ndarray, rel_jump: float = 0.10,
-                  min_n: int = 2, window: int = 4) -> list[int]:
+def detect_cliffs(n: np.ndarray, ms: np.ndarray) -> list[int]:
     """Packed counts where the latency jumps far above the local slope (a kernel/tile cliff).
 
     The step n[i] -> n[i+1] is a cliff when the rise that PERSISTS (min of ms[i+1:], so a
     one-point transient such as the A100 n=32 cell of Table 5 does not count) exceeds what
-    the affine fit over the up-to-`window` previous counts predicts by more than
-    `rel_jump * ms[i]`. Returns the counts n[i+1] landed on (Blackwell/Qwen3-8B: [128]).
-    Only counts >= min_n are compared: leaving n = 1 switches from decode to multi-token
+    the affine fit over the up-to-CLIFF_WINDOW previous counts predicts by more than
+    `CLIFF_JUMP * ms[i]`. Returns the counts n[i+1] landed on (Blackwell/Qwen3-8B: [128]).
+    Only counts >= CLIFF_MIN_N are compared: leaving n = 1 switches from decode to multi-token
     kernels, a cost every tree, even the plain chain, pays (paper App. D.1). A step needs
-    two earlier counts >= min_n to estimate its local slope; earlier steps are not flagged.
+    two earlier counts >= CLIFF_MIN_N to estimate its local slope; earlier steps are not flagged.
     The slope used is never below the median step slope of the whole curve, so a noisy or
     non-monotone start (CPU n = 2 slower than n = 4) does not make an ordinary rise look
     like a cliff.
     """
     n, ms = check_curve(n, ms)
-    if rel_jump <= 0:
-        raise ValueError(f"rel_jump must be > 0, got {rel_jump}")
     cliffs = []
-    first = int(np.searchsorted(n, min_n))
+    first = int(np.searchsorted(n, CLIFF_MIN_N))
     steps = np.diff(ms[first:]) / np.diff(n[first:]).astype(np.float64)
     trend = max(float(np.median(steps)), 0.0) if len(steps) else 0.0
     for i in range(first + 1, len(n) - 1):  # step i -> i+1 with >= 2 prior points
-        lo = max(first, i + 1 - window)
+        lo = max(first, i + 1 - CLIFF_WINDOW)
         c1, _ = np.polyfit(n[lo:i + 1].astype(np.float64), ms[lo:i + 1], deg=1)
         expected = max(c1, trend) * (n[i + 1] - n[i])
         persistent_rise = ms[i + 1:].min() - ms[i]
-        if persistent_rise - expected > rel_jump * ms[i]:
+        if persistent_rise - expected > CLIFF_JUMP * ms[i]:
             cliffs.append(int(n[i + 1]))
     return cliffs
 
 
-def choose_buckets(n: np.ndarray, ms: np.ndarray, max_buckets: int,
-                   rel_jump: float = 0.10) -> list[int]:
+def choose_buckets(n: np.ndarray, ms: np.ndarray, max_buckets: int) -> list[int]:
     """Pick at most `max_buckets` measured packed counts to compile/capture ahead.
 
     Always kept: the widest measured count and the count just below every detected cliff
@@ -67,7 +67,7 @@ def choose_buckets(n: np.ndarray, ms: np.ndarray, max_buckets: int,
     most reduces the padding waste sum_i (ell(bucket(n_i)) - ell(n_i)) over measured n_i.
     """
     n, ms = check_curve(n, ms)
-    below_cliffs = [int(n[np.searchsorted(n, c) - 1]) for c in detect_cliffs(n, ms, rel_jump)]
+    below_cliffs = [int(n[np.searchsorted(n, c) - 1]) for c in detect_cliffs(n, ms)]
     chosen = sorted(set(below_cliffs) | {int(n[-1])})
     if len(chosen) > max_buckets:
         raise ValueError(f"max_buckets={max_buckets} is too small: the widest count and the "

@@ -42,7 +42,7 @@ import numpy as np
 
 from cast_trtllm.cost_curve import robust_line
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
-from cast_trtllm.width_rules import WidthChoice, check_masses, table_rule_width
+from cast_trtllm.width import WidthChoice, check_batch, check_masses, check_policy, table_rule_width, width_choice
 
 SCHEMA_VERSION = 1
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -59,7 +59,6 @@ class OnlineCostModel:
     probe_every: int = 4  # every k-th choose may play a neighbour bucket
     refresh_rounds: int = 512  # a neighbour unread this many rounds is probed again
     rank_cap: int = 8  # K: tokens kept per drafted position (the runtime reads it)
-    min_budget: int = 0
     max_budget: int | None = None  # None: widest bucket - 1
     mass_exponent: float = 1.0  # calibration: a node's acceptance ~= rho ** exponent
     # learned state, changed only by observe_* (and choose's probe counter)
@@ -77,19 +76,14 @@ class OnlineCostModel:
             self.prior = dict(zip(n, milliseconds_list([self.prior[k] for k in n], "OnlineCostModel.prior",
                                                        "ms", "packed count", n)))
         milliseconds(self.prior_draft_ms, "OnlineCostModel.prior_draft_ms", positive=False)
-        for name in ("window", "min_readings", "probe_every", "refresh_rounds", "rank_cap"):
+        for name in ("window", "min_readings", "probe_every", "refresh_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"OnlineCostModel.{name} must be >= 1, got {getattr(self, name)}")
         if self.min_readings > self.window:
             raise ValueError(f"OnlineCostModel.min_readings ({self.min_readings}) cannot exceed "
                              f"window ({self.window}): a cell would never become known")
-        if not self.mass_exponent > 0:
-            raise ValueError(f"OnlineCostModel.mass_exponent must be > 0, got {self.mass_exponent}")
-        widest = self.buckets[-1] - 1
-        self.max_budget = widest if self.max_budget is None else self.max_budget
-        if not 0 <= self.min_budget <= self.max_budget <= widest:
-            raise ValueError(f"need 0 <= min_budget <= max_budget <= widest bucket - 1 = {widest}, "
-                             f"got {self.min_budget}, {self.max_budget}")
+        self.max_budget = check_policy("OnlineCostModel", self.buckets, self.rank_cap, self.mass_exponent,
+                                       self.max_budget)
 
     # -- readings --------------------------------------------------------------------------
     def observe_verify(self, packed_count: int, ms: float, batch: int = 1) -> None:
@@ -109,8 +103,7 @@ class OnlineCostModel:
 
     def observe_draft(self, ms: float, batch: int = 1) -> None:
         """What drafting added to one round of `batch` requests (drafter call + tree host work)."""
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+        check_batch(batch)
         self._push(self.draft.setdefault(batch, []), milliseconds(ms, "observe_draft ms", positive=False))
 
     def _push(self, readings: list[float], ms: float) -> None:
@@ -183,36 +176,30 @@ class OnlineCostModel:
 
     def best_rate(self, masses_desc: np.ndarray, batch: int = 1) -> float:
         """Tokens/ms of the table rule's best tree for these masses (drafted round), no exploration."""
-        rho = check_masses(masses_desc) ** self.mass_exponent
-        ms, fixed = self.verify_ms(batch), self.draft_ms(batch)
-        lo, hi = min(batch * self.min_budget, len(rho)), min(batch * self.max_budget, len(rho))
-        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, lo, hi, batch)
-        return float((batch + rho[:budget].sum()) / (fixed + ms[self.buckets.index(bucket)]))
+        return self.choose(masses_desc, batch, explore=False).predicted_tokens_per_ms
 
     def ar_rate(self, batch: int = 1) -> float:
         """Tokens/ms of an undrafted (AR) round."""
         return batch / self.round_ms(1, batch, drafted=False)
 
     # -- the width rule ----------------------------------------------------------------------
-    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, explore: bool = True) -> WidthChoice:
         """Budget for this drafted round (WidthPolicy.choose's contract), from the learned table.
 
         masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
-        requests), calibrated here as rho ** mass_exponent.
+        requests), calibrated here as rho ** mass_exponent. Every `probe_every`-th call
+        (with `explore`) may play a neighbour bucket instead.
         """
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
         rho = check_masses(masses_desc) ** self.mass_exponent
-        ms, fixed = self.verify_ms(batch), self.draft_ms(batch)
-        lo, hi = min(batch * self.min_budget, len(rho)), min(batch * self.max_budget, len(rho))
-        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, lo, hi, batch)
-        self.chooses += 1
-        if self.chooses % self.probe_every == 0:
-            budget, bucket = self._explore(budget, bucket, batch, lo, hi)
-        cost = fixed + ms[self.buckets.index(bucket)]
-        return WidthChoice(budget, bucket, float((batch + rho[:budget].sum()) / cost))
+        ms, fixed, hi = self.verify_ms(batch), self.draft_ms(batch), batch * self.max_budget
+        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch)
+        if explore:
+            self.chooses += 1
+            if self.chooses % self.probe_every == 0:
+                budget, bucket = self._explore(budget, bucket, batch, min(hi, len(rho)))
+        return width_choice(rho, budget, bucket, self.buckets, ms, fixed, batch)
 
-    def _explore(self, budget: int, bucket: int, batch: int, lo: int, hi: int) -> tuple[int, int]:
+    def _explore(self, budget: int, bucket: int, batch: int, hi: int) -> tuple[int, int]:
         """A neighbour of `bucket` that needs reading, as (budget filling it, it); else unchanged."""
         j = self.buckets.index(bucket)
         for k in (j + 1, j - 1):  # wider first: narrow lock-in is the failure to undo
@@ -221,7 +208,7 @@ class OnlineCostModel:
             fill = batch * (self.buckets[k] - 1)  # the widest budget the neighbour holds
             readings = self.verify.get(batch, {}).get(self.buckets[k], [])
             stale = self.rounds - self.last_read.get((batch, self.buckets[k]), 0) > self.refresh_rounds
-            if lo <= fill <= hi and (len(readings) < self.min_readings or stale):
+            if fill <= hi and (len(readings) < self.min_readings or stale):
                 return fill, self.buckets[k]
         return budget, bucket
 

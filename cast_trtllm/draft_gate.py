@@ -1,52 +1,44 @@
 """Draft gate: per round, whether speculating pays at all on this deployment, from MEASURED costs.
 
-The width rule (`cast_trtllm.width`, `cast_trtllm.cost_model`) picks the best budget N once
-a block is drafted; it cannot say "do not draft". Where the drafter plus a wider verify cost more per committed
-token than a plain autoregressive step (a compute-bound CPU, a weak head on a domain it
-was not trained for), every budget loses to AR. The gate compares two arms per request:
+The width rule picks the best budget N once a block is drafted; it cannot say "do not
+draft". Where the drafter plus a wider verify cost more per committed token than a plain
+autoregressive step (a compute-bound CPU, a head off its training domain), every budget
+loses to AR. The gate compares two arms per request:
 
 - speculate: a drafted round commits R tokens and costs draft + verify(N + 1) + overhead;
 - AR: an undrafted round commits 1 token and costs verify(1) + overhead (the drafter's
-  feature cache is caught up lazily, at the next drafted round, and billed to that round).
+  feature cache is caught up at the next drafted round, and billed to it).
 
-It keeps exponentially weighted means of committed tokens and round milliseconds per arm,
-plays the arm with the higher tokens/ms, and tries the other arm once every
-`probe_every` rounds so a change of domain or of machine load is noticed.
+It plays the arm with the higher tokens/ms and tries the other once every `probe_every`
+rounds, so a change of domain or of machine load is noticed. Prices come from `costs`
+(the engine's `OnlineCostModel`) where given: a drafted round is the width rule's best
+tree on this request's typical prefix masses (EWMA of its drafted rounds' sorted masses,
+scaled by its realized / predicted acceptance), draft included, against an AR round at
+ell(1), so the gate never leaves a winning tree unused; a fixed-N request is priced at
+its tree's bucket. Without `costs` (a fixed budget, no learned table) the arms' own EWMA
+wall-clock ms decide.
 
-Under load (batch > 1, with `costs`) a drafted round is dear: one request's probe costs
-the whole batch a draft pass and a verify padded to its tree (embedded target, 16
-requests on 2 cores: a round with one 7-node tree 110 ms against 65 ms all-AR). There
-the gate plays the table's choice at the round's batch from the first round, on masses
-inherited from the engine's last drafting request (`inherit`) until it has its own, and
-never probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once.
-
-Costs come from one of two places. With `costs` (the engine's `OnlineCostModel`), both
-arms are priced by the table the width rule chooses trees from: a drafted round as the
-best tree the width rule would build on this request's typical prefix masses (EWMA of
-its drafted rounds' sorted masses, scaled by its realized / predicted acceptance), draft
-included, against an AR round at ell(1). The gate then drafts exactly when the width
-rule's tree is predicted to beat AR — one narrow round (an unlucky block, a cold table)
-does not lock the request into AR — so it never leaves a winning tree unused (and never
-waits for an AR round to price AR). A fixed-N request is priced at its tree's bucket. Without `costs` (a
-fixed budget, no learned table), the arms' own EWMA wall-clock ms are used, so the
-decision still follows the machine as it runs, not a profile taken under other load.
+Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft
+pass and a padded verify, so the gate plays the table's choice from the first round (on
+masses inherited from the engine's last drafting request until it has its own) and never
+probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once.
 
 A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta)
-(the expected committed length, paper §2) rather than from the realized length R: R of
-one round is 1 or much more, and an arm played only at probes would otherwise stay stuck
-on an unlucky sample (the AR arm's 1 token is exact). The forecast is scaled by the
-request's own realized / predicted accepted tokens (with `prior_tokens` pseudo-counts),
-so a head over-confident on this domain is corrected as the request runs. Output is unaffected (greedy rounds commit the target's
-tokens either way; sampled AR rounds draw from the target law); only which rounds draft.
-Pure Python: the runtime feeds `record` and asks `draft_next`.
+(the expected committed length, paper §2), not the realized R: R of one round is 1 or
+much more, and an arm played only at probes would stick on one unlucky sample. The
+forecast is scaled by the request's realized / predicted accepted tokens (with
+`prior_tokens` pseudo-counts). Output is unaffected; only which rounds draft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cast_trtllm.cost_model import OnlineCostModel
 
 
 @dataclass(slots=True)
@@ -65,18 +57,6 @@ class ArmStats:
             self.ms += alpha * (round_ms - self.ms)
         self.rounds += 1
 
-    @property
-    def tokens_per_ms(self) -> float:
-        return self.tokens / self.ms if self.ms > 0 else 0.0
-
-
-class RoundCosts(Protocol):
-    """Prices both arms from one cost table (`cast_trtllm.cost_model.OnlineCostModel`)."""
-
-    def draft_pays(self, expected_committed: float, packed: int, batch: int = 1) -> bool: ...
-    def best_rate(self, masses_desc: np.ndarray, batch: int = 1) -> float: ...
-    def ar_rate(self, batch: int = 1) -> float: ...
-
 
 @dataclass(slots=True)
 class DraftGate:
@@ -90,7 +70,7 @@ class DraftGate:
     alpha: float = 0.2         # EWMA weight of the newest round
     probe_every: int = 4       # rounds between tries of the arm not being played
     prior_tokens: float = 2.0  # pseudo-count of the realized / predicted correction
-    costs: RoundCosts | None = None  # price both arms from this table (else: wall-clock EWMA)
+    costs: OnlineCostModel | None = None  # price both arms from this table (else: wall-clock EWMA)
     min_drafted: int = 4  # with costs: drafted rounds before the gate may turn drafting off (the
     # first block after a prompt is the least certain; one reading must not decide); not under load
     # with inherited masses (see the module docstring)
@@ -159,9 +139,6 @@ class DraftGate:
         """Forecast committed tokens of a drafted round, corrected by this request's realized rate."""
         return 1.0 + (self.speculate.tokens - 1.0) * (self.correction if self.predicted > 0 else 1.0)
 
-    def speculate_tokens_per_ms(self) -> float:
-        return self.speculate_tokens() / self.speculate.ms if self.speculate.ms > 0 else 0.0
-
     def best_is_speculate(self) -> bool:
         """The arm with the higher tokens/ms: priced by `costs` where given, else measured
         (speculate until AR is measured)."""
@@ -172,7 +149,8 @@ class DraftGate:
             return self.costs.draft_pays(self.speculate_tokens(), self.packed, self.batch)
         if self.autoregressive.rounds == 0:
             return True
-        return self.speculate_tokens_per_ms() >= self.autoregressive.tokens_per_ms
+        spec, ar = self.speculate, self.autoregressive  # ar.ms > 0 once AR has run
+        return spec.ms > 0 and self.speculate_tokens() / spec.ms >= ar.tokens / ar.ms
 
     def inherit(self, other: "DraftGate", pseudo_tokens: float = 4.0) -> None:
         """Start from another request's evidence (the engine hands over its last drafting

@@ -79,7 +79,16 @@ class LlmApiOptions:
     ignored_keys: tuple[str, ...] = ()  # top-level TensorRT-LLM options not used here
 
 
-def parse_speculative_config(block: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
+def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
+    """Validate a parsed YAML document (a mapping; None/empty means no options)."""
+    if options is None:
+        return LlmApiOptions(None)
+    if not isinstance(options, Mapping):
+        raise ValueError(f"extra LLM-API options must be a YAML mapping at top level, got {type(options).__name__}")
+    ignored = tuple(sorted(str(k) for k in options if k != "speculative_config"))
+    block = options.get("speculative_config")
+    if block is None:
+        return LlmApiOptions(None, ignored_keys=ignored)
     if not isinstance(block, Mapping):
         raise ValueError(f"speculative_config: must be a mapping, got {type(block).__name__}")
     unknown = sorted(set(block) - _KNOWN)
@@ -91,10 +100,9 @@ def parse_speculative_config(block: Any, base: SpecConfig = SpecConfig()) -> Llm
     kind = block["decoding_type"]
     if kind not in DECODING_TYPES:
         raise ValueError(f"speculative_config.decoding_type: must be one of {sorted(DECODING_TYPES)}, got {kind!r}")
-    if kind != "CAST":
-        present = [f for f in _CAST_FIELDS if f in block]
-        if present:
-            raise ValueError(f"speculative_config.{present[0]}: only valid with decoding_type CAST, got {kind!r}")
+    present = [f for f in _CAST_FIELDS if f in block]
+    if kind != "CAST" and present:
+        raise ValueError(f"speculative_config.{present[0]}: only valid with decoding_type CAST, got {kind!r}")
     if all(m in block for m in _MODEL):
         raise ValueError("speculative_config.speculative_model_dir: give speculative_model or "
                          "speculative_model_dir, not both")
@@ -110,53 +118,33 @@ def parse_speculative_config(block: Any, base: SpecConfig = SpecConfig()) -> Llm
             raise ValueError(f"speculative_config.speculative_model: must be a non-empty path string, got {model!r}")
         notes.append(f"speculative_model {model} -> --drafter {model}")
     expect = {k: block[k] for k in _CHECKED if k in block}
-    for name in expect:
-        notes.append(f"{name} {expect[name]!r}: checked against the drafter's config.json")
+    notes += [f"{name} {value!r}: checked against the drafter's config.json" for name, value in expect.items()]
     for name, ((check, what), why) in _IGNORED.items():
         if name in block:
             if not check(block[name]):
                 raise ValueError(f"speculative_config.{name}: must be {what}, got {block[name]!r}")
             notes.append(f"{name}: ignored ({why})")
-    notes.extend(_total_draft_tokens(block, kind, changes))
+    # max_total_draft_tokens, the tree's draft tokens: CAST's budget N; a DFlash chain drafts
+    # max_draft_len tokens (TensorRT-LLM overwrites it so too)
+    total = block.get(_TOTAL)
+    if total is not None:
+        if not is_int(total) or total < 1:
+            raise ValueError(f"speculative_config.{_TOTAL}: must be an integer >= 1, got {total!r}")
+        if kind != "CAST":
+            notes.append(f"{_TOTAL}: ignored (a {kind} chain drafts max_draft_len tokens; TensorRT-LLM sets it so too)")
+        elif "budget" in block and block["budget"] != total:
+            raise ValueError(f"speculative_config.{_TOTAL}: {total} disagrees with budget {block['budget']!r}; "
+                             "give one of them")
+        else:
+            changes["budget"] = total
+            notes.append(f"{_TOTAL} {total} -> budget")
     try:
         spec = base.with_overrides(**changes)
     except ValueError as err:
         field = next((f for f in changes if f in str(err)), "decoding_type")
         raise ValueError(f"speculative_config.{field}: {err}") from None
-    return LlmApiOptions(spec, model, expect or None, tuple(notes))
-
-
-def _total_draft_tokens(block: Mapping, kind: str, changes: dict[str, Any]) -> list[str]:
-    """max_total_draft_tokens: the tree's draft tokens. CAST: the budget N; DFlash: the chain's
-    max_draft_len (TensorRT-LLM overwrites it so too)."""
-    total = block.get(_TOTAL)
-    if total is None:
-        return []
-    if not is_int(total) or total < 1:
-        raise ValueError(f"speculative_config.{_TOTAL}: must be an integer >= 1, got {total!r}")
-    if kind != "CAST":
-        return [f"{_TOTAL}: ignored (a {kind} chain drafts max_draft_len tokens; TensorRT-LLM sets it so too)"]
-    if "budget" in block and block["budget"] != total:
-        raise ValueError(f"speculative_config.{_TOTAL}: {total} disagrees with budget {block['budget']!r}; "
-                         "give one of them")
-    changes["budget"] = total
-    return [f"{_TOTAL} {total} -> budget"]
-
-
-def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
-    """Validate a parsed YAML document (a mapping; None/empty means no options)."""
-    if options is None:
-        return LlmApiOptions(None)
-    if not isinstance(options, Mapping):
-        raise ValueError(f"extra LLM-API options must be a YAML mapping at top level, got {type(options).__name__}")
-    ignored = tuple(sorted(str(k) for k in options if k != "speculative_config"))
-    block = options.get("speculative_config")
-    if block is None:
-        return LlmApiOptions(None, ignored_keys=ignored)
-    parsed = parse_speculative_config(block, base)
-    unused = (f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored)
-    notes = (*parsed.notes, *unused)
-    return LlmApiOptions(parsed.spec, parsed.speculative_model, parsed.expect_drafter, notes, ignored)
+    notes += [f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored]
+    return LlmApiOptions(spec, model, expect or None, tuple(notes), ignored)
 
 
 def load_llm_api_options(path: str | Path, base: SpecConfig = SpecConfig()) -> LlmApiOptions:

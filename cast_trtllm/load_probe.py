@@ -18,19 +18,17 @@ Pure numpy; the engine calls `due` before a round and `confirmed` after it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-
-class BatchCosts(Protocol):
-    def best_rate(self, masses_desc: np.ndarray, batch: int = 1) -> float: ...
-    def ar_rate(self, batch: int = 1) -> float: ...
+if TYPE_CHECKING:
+    from cast_trtllm.cost_model import OnlineCostModel
 
 
 @dataclass(slots=True)
 class LoadProbe:
-    costs: BatchCosts
+    costs: OnlineCostModel
     every: int = 4  # AR rounds before the first probe
     max_backoff: int = 5  # the interval grows to every << max_backoff
     # probe only while drafting is priced at >= margin x AR's tokens/ms. At 0.8 a 2-core CPU at c = 16
@@ -49,18 +47,14 @@ class LoadProbe:
     def interval(self) -> int:
         return self.every << min(self._confirmed, self.max_backoff)
 
-    def close_call(self, masses: Sequence[np.ndarray], batch: int) -> bool:
-        """Whether drafting for every gated request is priced within `margin` of AR at `batch`."""
-        if not masses:
+    def due(self, masses: Sequence[np.ndarray], batch: int) -> bool:
+        """Called once per AR round under load: whether this round should draft for every gated
+        request (only while that is priced within `margin` of AR at `batch`)."""
+        self._since += 1
+        if self._since < self.interval or not masses:
             return False
         pooled = np.sort(np.concatenate([np.asarray(m, np.float64) for m in masses]))[::-1]
-        drafted, ar = self.costs.best_rate(pooled, batch), self.costs.ar_rate(batch)
-        return drafted >= self.margin * ar
-
-    def due(self, masses: Sequence[np.ndarray], batch: int) -> bool:
-        """Called once per AR round under load: whether this round should draft for every gated request."""
-        self._since += 1
-        if self._since < self.interval or not self.close_call(masses, batch):
+        if self.costs.best_rate(pooled, batch) < self.margin * self.costs.ar_rate(batch):
             return False
         self._since = 0
         return True

@@ -57,10 +57,6 @@ class LogitProcessor:
         proc = LogitProcessor(tuple(int(t) for t in stop_ids), int(min_tokens), check_bad_words(bad_words))
         return proc if (proc.min_tokens > 0 and proc.stop_ids) or proc.bad_words else None
 
-    @property
-    def _history_needed(self) -> int:
-        return max((len(w) - 1 for w in self.bad_words), default=0)
-
     def apply(
         self,
         logits: torch.Tensor,  # [n, V] target logits, one row per packed token
@@ -93,7 +89,7 @@ class LogitProcessor:
 
     def _contexts(self, tree: Tree, history: Sequence[int]) -> list[tuple[int, ...]]:
         """Per pack row: the last tokens of its context (as many as the longest bad word needs)."""
-        keep = self._history_needed
+        keep = max((len(w) - 1 for w in self.bad_words), default=0)
         if keep == 0:
             return [()] * tree.num_packed
         ctx = [tuple(history[len(history) - keep:]) if len(history) >= keep else tuple(history)]

@@ -56,22 +56,6 @@ class AffineFit:
 
 
 @dataclass(frozen=True, slots=True)
-class LatencyCurve:
-    """ell(n) of one (prefix bucket, batch) row; linear between measured packed counts."""
-
-    n: tuple[int, ...]
-    ms: tuple[float, ...]
-
-    def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
-        n_arr = np.asarray(n, dtype=np.float64)
-        if np.any(n_arr < self.n[0]) or np.any(n_arr > self.n[-1]):
-            raise ValueError(f"packed count {n} is outside the measured range "
-                             f"[{self.n[0]}, {self.n[-1]}]; the profile does not extrapolate")
-        out = np.interp(n_arr, self.n, self.ms)
-        return float(out) if out.ndim == 0 else out
-
-
-@dataclass(frozen=True, slots=True)
 class WidthProfile:
     sku: str
     device: str                                       # device name as the probe saw it
@@ -126,14 +110,6 @@ class WidthProfile:
         """Smallest measured prefix >= prefix_len (cost grows with prefix), else the largest."""
         i = int(np.searchsorted(self.prefix_lengths, prefix_len))
         return self.prefix_lengths[min(i, len(self.prefix_lengths) - 1)]
-
-    def curve(self, prefix_len: int, batch: int = 1) -> LatencyCurve:
-        """ell(n) for the prefix bucket of `prefix_len` at a measured batch size."""
-        if batch not in self.batch_sizes:
-            raise ValueError(f"batch {batch} was not measured; profile.batch_sizes = "
-                             f"{list(self.batch_sizes)}")
-        row = self.latency_ms[self.prefix_bucket(prefix_len)][batch]
-        return LatencyCurve(self.packed_counts, row)
 
     def fixed_ms(self, batch: int) -> float:
         """Width-independent ms per round (drafter + overhead), linear in batch between keys."""

@@ -96,19 +96,13 @@ class RelaxedRule:
         if math.isnan(self.alpha) or not ok(self.alpha):
             raise ValueError(f"alpha for {self.name} must be {what}, got {self.alpha}")
 
-    def divergence_of(self, p: torch.Tensor, q: torch.Tensor) -> float:
-        """Div(p, q) used by r-fuzzy. p, q: [V] laws."""
-        if self.divergence == "tv":
-            return total_variation(p, q)
-        if self.divergence == "kl":
-            return float(_kl(p, q))
-        m = 0.5 * (p + q)
-        return float(0.5 * _kl(p, m) + 0.5 * _kl(q, m))
-
     def relaxed_law(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
         """pi [V] for rules whose relaxed target is a law independent of the draft; else None."""
-        if self.name == "r-fuzzy":
-            return q if self.divergence_of(p, q) < self.alpha else p
+        if self.name == "r-fuzzy":  # Div(p, q) of `divergence`
+            m = 0.5 * (p + q)
+            div = {"tv": lambda: total_variation(p, q), "kl": lambda: float(_kl(p, q)),
+                   "js": lambda: float(0.5 * _kl(p, m) + 0.5 * _kl(q, m))}[self.divergence]()
+            return q if div < self.alpha else p
         if self.name == "spec-casc":
             return q if q.max() >= p.max() - self.alpha * total_variation(p, q) else p
         if self.name == "ensemble":

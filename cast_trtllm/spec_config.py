@@ -50,13 +50,10 @@ class SpecConfig:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         object.__setattr__(self, "budget", check_budget(self.budget))
-        for name in ("rank_cap", "gate_probe_every", "max_request_width"):
+        optional = ("max_draft_len", "max_concurrency")  # None: the drafter's L / no limit
+        for name in ("rank_cap", "gate_probe_every", "max_request_width", *optional):
             value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_draft_len", "max_concurrency"):
-            value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < 1):
+            if not (value is None and name in optional) and (not is_int(value) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.width_rule not in WIDTH_RULES:
             raise ValueError(f"width_rule must be one of {WIDTH_RULES}, got {self.width_rule!r}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cast_trtllm.best_first import Pool, best_first_pool, check_logprobs, check_topk, rank_within_request
+from cast_trtllm.best_first import best_first_pool, check_logprobs, check_topk, rank_within_request
 
 ROOT = -1  # parent value of a depth-1 node: its parent is the pending root
 
@@ -60,12 +60,7 @@ class Tree:
     @staticmethod
     def empty() -> "Tree":
         """The root-only tree: one autoregressive step."""
-        return Tree(
-            tokens=np.zeros(0, np.int64),
-            depth=np.zeros(0, np.int32),
-            parent=np.zeros(0, np.int32),
-            score=np.zeros(0, np.float64),
-        )
+        return Tree._trusted(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
 
     @property
     def size(self) -> int:
@@ -128,24 +123,6 @@ def topk_per_position(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     values, ids = torch.topk(logprobs, k, dim=-1, sorted=True)
     return ids, values
-
-
-def _trees_from_selection(ids: np.ndarray, pool: Pool, chosen: np.ndarray) -> list[Tree]:
-    """Split the selected pool positions per request; parents become node indices.
-
-    ids: [B, L, K]; chosen: increasing pool positions, prefix-closed per request.
-    """
-    local = np.full(len(pool.score), ROOT, np.int64)
-    trees = []
-    for r in range(ids.shape[0]):
-        sel = chosen if ids.shape[0] == 1 else chosen[pool.request[chosen] == r]
-        local[sel] = np.arange(len(sel))
-        par = pool.parent[sel]
-        parent = np.where(par >= 0, local[np.maximum(par, 0)], ROOT).astype(np.int32)
-        depth = pool.depth[sel]
-        tokens = ids[r, depth - 1, pool.rank[sel]]
-        trees.append(Tree._trusted(tokens, depth, parent, pool.score[sel]))
-    return trees
 
 
 def build_tree(topk_ids: np.ndarray, topk_logprobs: np.ndarray, budget: int) -> Tree:
@@ -221,4 +198,14 @@ def allocate_shared_budget(
     else:
         pool = best_first_pool(lp, min(total, cap), per_request=True)
         chosen = np.flatnonzero(rank_within_request(pool, B) < cap)[:total]
-    return _trees_from_selection(ids, pool, chosen)
+    # chosen: increasing pool positions, prefix-closed per request; split them per request,
+    # pool parents becoming node indices
+    local = np.full(len(pool.score), ROOT, np.int64)
+    trees = []
+    for r in range(B):
+        sel = chosen if B == 1 else chosen[pool.request[chosen] == r]
+        local[sel] = np.arange(len(sel))
+        par, depth = pool.parent[sel], pool.depth[sel]
+        parent = np.where(par >= 0, local[np.maximum(par, 0)], ROOT).astype(np.int32)
+        trees.append(Tree._trusted(ids[r, depth - 1, pool.rank[sel]], depth, parent, pool.score[sel]))
+    return trees

@@ -1,21 +1,128 @@
-"""`WidthPolicy`: the per-round width from a width profile's measured bucket table.
+"""Width rules: how many nodes N to pack, given the round's masses and a cost curve (paper §3.3, App. B.3-B.4).
 
-One prefix bucket of a `WidthProfile` (cast_trtllm.profile) becomes a bucket table per
-batch size; `choose` applies the table rule or the marginal rule of
-`cast_trtllm.width_rules` to the round's sorted prefix masses. The runtime calls `choose`
-once per round. The profile format knows nothing of this policy; the policy reads it.
+Terminology:
+- packed count n = N + 1: tokens in one verify pass (pending root + N tree nodes).
+- prefix masses rho_(1) >= rho_(2) >= ...: the sorted node masses of the candidate
+  universe; g(N) = rho_(1) + ... + rho_(N) is the expected accepted length of the best
+  budget-N tree, so a round commits 1 + g(N) tokens in expectation.
+- throughput f(N) = (1 + g(N)) / ell(N) tokens/ms; batched: (G(M) + B) / ell(M, B) for a
+  total budget M shared by B requests (the masses are then the pooled order statistics).
+- bucket: a packed width compiled/captured ahead; a tree of N nodes pays the latency of
+  the smallest bucket >= N + 1 (per request: >= (B + M) / B).
+
+The rules are pure numpy functions. `WidthPolicy` applies the table rule or the marginal
+rule to one prefix bucket of a `WidthProfile` (the format knows nothing of this policy);
+`OnlineCostModel` (a learned table) calls the same rules. The runtime asks either once per
+round, with the round's sorted prefix masses, and gets a `WidthChoice`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from cast_trtllm.cost_curve import check_curve
 from cast_trtllm.profile import WidthProfile
-from cast_trtllm.width_rules import (
-    WidthChoice, batched_stopping_width, bucket_slot, check_masses, table_rule_width,
-)
+
+
+class WidthChoice(NamedTuple):
+    budget: int                     # N (batch 1) or total M (batch B): nonroot nodes to pack
+    bucket: int                     # packed width per request the verify is padded to
+    predicted_tokens_per_ms: float  # (B + g) / (fixed + ell(bucket))
+
+
+def batched_stopping_width(global_masses_desc: np.ndarray, batch: int, ell0_ms: float,
+                           c1_ms: float, m_max: int | None = None) -> int:
+    """Proposition 3: total budget M* for B requests sharing one verify pass (B = 1: Theorem 2).
+
+    `global_masses_desc` are the pooled order statistics of all B requests' universes
+    (Proposition 2); ell(M, B) = ell0 + c1 * M. From M = 0, add global node M+1 while
+    rho_(M+1) >= (G(M) + B) / ell(M, B) * c1 (the next node's mass pays at least the
+    token-time exchange rate). Throughput is unimodal, so the first failure is a maximizer;
+    m_max (default: all masses) is the other boundary.
+    """
+    rho = check_masses(global_masses_desc)  # [U]
+    check_batch(batch)
+    if ell0_ms <= 0 or c1_ms < 0:
+        raise ValueError(f"need ell0_ms > 0 and c1_ms >= 0 (Theorem 2), got "
+                         f"ell0_ms={ell0_ms}, c1_ms={c1_ms}; clamp a negative fitted slope to 0")
+    hi = _budget_limit(len(rho), m_max)
+    committed = batch + np.concatenate([[0.0], np.cumsum(rho)])  # [U+1] G(M) + B
+    m = np.arange(hi)                                              # candidate M to grow from
+    grow = rho[m] * (ell0_ms + c1_ms * m) >= committed[m] * c1_ms  # rho_(M+1) ell(M) >= (G+B) c1
+    stops = np.flatnonzero(~grow)
+    return int(m[stops[0]]) if len(stops) else hi
+
+
+def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: np.ndarray,
+                     fixed_ms: float = 0.0, n_max: int | None = None, batch: int = 1) -> tuple[int, int]:
+    """Exact width over a measured bucket table: argmax_N (B + g(N)) / (fixed + ell(bucket(N))).
+
+    A budget N pays the latency of the smallest bucket >= (B + N) / B packed tokens per
+    request (B = 1: >= N + 1). No affine assumption, so a cliff is crossed only when the
+    extra mass pays for it. Returns (N, bucket); ties go to the smaller N.
+    """
+    rho = check_masses(masses_desc)  # [U]
+    buckets, ms = check_curve(buckets_n, bucket_ms)
+    check_batch(batch)
+    if fixed_ms < 0:
+        raise ValueError(f"fixed_ms must be >= 0, got {fixed_ms}")
+    budgets = np.arange(_budget_limit(min(len(rho), batch * (int(buckets[-1]) - 1)), n_max) + 1)  # [C]
+    slot = bucket_slot(buckets, budgets, batch)                          # [C] bucket index
+    committed = batch + np.concatenate([[0.0], np.cumsum(rho)])[budgets]
+    best = int(np.argmax(committed / (fixed_ms + ms[slot])))
+    return int(budgets[best]), int(buckets[slot[best]])
+
+
+def width_choice(rho: np.ndarray, budget: int, bucket: int, buckets: tuple[int, ...], bucket_ms: np.ndarray,
+                 fixed_ms: float, batch: int) -> WidthChoice:
+    """The `WidthChoice` of packing `budget` nodes padded to `bucket`, with its predicted tokens/ms."""
+    cost = fixed_ms + bucket_ms[buckets.index(bucket)]
+    return WidthChoice(budget, bucket, float((batch + rho[:budget].sum()) / cost))
+
+
+def check_masses(masses_desc) -> np.ndarray:
+    """Validate [U] masses: probabilities sorted descending."""
+    rho = np.asarray(masses_desc, dtype=np.float64)
+    if rho.ndim != 1:
+        raise ValueError(f"masses must be 1-D, got shape {rho.shape}")
+    if np.any(rho < 0) or np.any(rho > 1 + 1e-9) or np.any(np.diff(rho) > 1e-12):
+        raise ValueError("masses must be probabilities in [0, 1] sorted in descending order "
+                         "(use tree.sorted_prefix_masses)")
+    return rho
+
+
+def check_batch(batch: int) -> None:
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+
+
+def check_policy(owner: str, buckets: tuple[int, ...], rank_cap: int, mass_exponent: float,
+                 max_budget: int | None) -> int:
+    """Validate the knobs `WidthPolicy` and `OnlineCostModel` share; returns max_budget (None: widest)."""
+    if rank_cap < 1:
+        raise ValueError(f"{owner}.rank_cap must be >= 1, got {rank_cap}")
+    if not mass_exponent > 0:
+        raise ValueError(f"{owner}.mass_exponent must be > 0, got {mass_exponent}")
+    widest = buckets[-1] - 1
+    max_budget = widest if max_budget is None else max_budget
+    if not 0 <= max_budget <= widest:
+        raise ValueError(f"{owner}: need 0 <= max_budget <= widest bucket - 1 = {widest}, got {max_budget}")
+    return max_budget
+
+
+def bucket_slot(buckets, budget, batch: int):
+    """Index of the smallest bucket >= (batch + budget) / batch packed tokens per request."""
+    return np.searchsorted(buckets, np.ceil((batch + np.asarray(budget)) / batch))
+
+
+def _budget_limit(available: int, n_max: int | None) -> int:
+    if n_max is not None and n_max < 0:
+        raise ValueError(f"need n_max >= 0, got {n_max}")
+    return available if n_max is None else min(n_max, available)
+
 
 RULES = ("table", "marginal")
 
@@ -27,7 +134,9 @@ class WidthPolicy:
     `bucket_ms[b][j]` is the verify latency of `batch_sizes[b]` requests each packing
     `buckets[j]` tokens; `intercept_ms`/`slope_ms` the affine fit per batch (marginal
     rule); `fixed_ms` the per-batch drafter + overhead ms. Batches between measured sizes
-    are interpolated linearly, beyond them clamped. Budgets are per request.
+    are interpolated linearly, beyond them clamped. Budgets are per request. The tables
+    come from a `WidthProfile` (`from_profile`), which validated them; only the policy
+    knobs are checked here.
     """
 
     buckets: tuple[int, ...]
@@ -38,40 +147,17 @@ class WidthPolicy:
     fixed_ms: tuple[float, ...]               # [batch]
     rule: str = "table"
     rank_cap: int = 8                         # K: tokens kept per drafted position
-    min_budget: int = 0
     max_budget: int | None = None             # None: widest bucket - 1
     mass_exponent: float = 1.0                # calibration: a node's acceptance ~= rho ** exponent
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"WidthPolicy.rule must be one of {RULES}, got {self.rule!r}")
-        for name in ("buckets", "batch_sizes"):
-            values = getattr(self, name)
-            if not values or values[0] < 1 or np.any(np.diff(values) <= 0):
-                raise ValueError(f"WidthPolicy.{name} must be strictly ascending and >= 1, "
-                                 f"got {values}")
-        nb = len(self.batch_sizes)
-        for name in ("bucket_ms", "intercept_ms", "slope_ms", "fixed_ms"):
-            if len(getattr(self, name)) != nb:
-                raise ValueError(f"WidthPolicy.{name}: expected {nb} rows (one per batch size)")
-        table = np.asarray(self.bucket_ms, dtype=np.float64)
-        if table.shape != (nb, len(self.buckets)) or not np.all(table > 0):
-            raise ValueError(f"WidthPolicy.bucket_ms must be positive with shape "
-                             f"({nb}, {len(self.buckets)}), got shape {table.shape}")
-        if self.rank_cap < 1:
-            raise ValueError(f"WidthPolicy.rank_cap must be >= 1, got {self.rank_cap}")
-        if not self.mass_exponent > 0:
-            raise ValueError(f"WidthPolicy.mass_exponent must be > 0, got {self.mass_exponent}")
-        widest = self.buckets[-1] - 1
-        if self.max_budget is None:
-            object.__setattr__(self, "max_budget", widest)
-        if not 0 <= self.min_budget <= self.max_budget <= widest:
-            raise ValueError(f"need 0 <= min_budget <= max_budget <= widest bucket - 1 = "
-                             f"{widest}, got {self.min_budget}, {self.max_budget}")
+        object.__setattr__(self, "max_budget", check_policy("WidthPolicy", self.buckets, self.rank_cap,
+                                                            self.mass_exponent, self.max_budget))
 
     @classmethod
-    def from_profile(cls, profile: WidthProfile, prefix_len: int, rule: str = "table",
-                     rank_cap: int = 8, min_budget: int = 0,
+    def from_profile(cls, profile: WidthProfile, prefix_len: int, rule: str = "table", rank_cap: int = 8,
                      max_budget: int | None = None, mass_exponent: float = 1.0) -> WidthPolicy:
         """Bucket table of the profile's prefix bucket for `prefix_len`, all batch sizes."""
         prefix = profile.prefix_bucket(prefix_len)
@@ -83,8 +169,7 @@ class WidthPolicy:
             intercept_ms=tuple(profile.fits[prefix][b].intercept_ms for b in batches),
             slope_ms=tuple(profile.fits[prefix][b].slope_ms for b in batches),
             fixed_ms=tuple(profile.fixed_ms(b) for b in batches),
-            rule=rule, rank_cap=rank_cap, min_budget=min_budget, max_budget=max_budget,
-            mass_exponent=mass_exponent)
+            rule=rule, rank_cap=rank_cap, max_budget=max_budget, mass_exponent=mass_exponent)
 
     def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
         """Budget for this round from the round's sorted prefix masses.
@@ -93,23 +178,17 @@ class WidthPolicy:
         requests); they are calibrated here as rho ** mass_exponent (monotone, so the
         order and hence the tree are unchanged; only how far it pays to grow it).
         """
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
         rho = check_masses(masses_desc) ** self.mass_exponent
 
         def row(values) -> float:  # linear in batch size between measured sizes
             return float(np.interp(batch, self.batch_sizes, values))
 
         ms = np.array([row(col) for col in zip(*self.bucket_ms)])  # [buckets]
-        fixed = row(self.fixed_ms)
-        lo = min(batch * self.min_budget, len(rho))
-        hi = min(batch * self.max_budget, len(rho))
+        fixed, hi = row(self.fixed_ms), batch * self.max_budget
         if self.rule == "table":
-            budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, lo, hi, batch)
+            budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch)
         else:  # ell(M, B) = fixed + c0 + c1 * (B + M) / B per-request packed count
             c1 = max(row(self.slope_ms), 0.0)
-            ell0 = fixed + row(self.intercept_ms) + c1
-            budget = batched_stopping_width(rho, batch, ell0, c1 / batch, lo, hi)
+            budget = batched_stopping_width(rho, batch, fixed + row(self.intercept_ms) + c1, c1 / batch, hi)
             bucket = self.buckets[bucket_slot(self.buckets, budget, batch)]
-        cost = fixed + ms[self.buckets.index(bucket)]
-        return WidthChoice(budget, bucket, float((batch + rho[:budget].sum()) / cost))
+        return width_choice(rho, budget, bucket, self.buckets, ms, fixed, batch)

@@ -12,7 +12,7 @@ from cast_trtllm.cost_model import (
 )
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.width import WidthPolicy
-from cast_trtllm.width_rules import table_rule_width
+from cast_trtllm.width import table_rule_width
 
 BUCKETS = np.array(DEFAULT_BUCKETS)
 MASSES = 0.95 * 0.9 ** np.arange(255)  # [255] sorted node masses of a peaked round

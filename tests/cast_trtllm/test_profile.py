@@ -100,18 +100,10 @@ def test_load_profile_prefixes_errors_with_the_file(tmp_path):
         load_profile(path)
 
 
-def test_curve_uses_the_smallest_prefix_bucket_at_or_above_and_interpolates_n():
+def test_prefix_bucket_is_the_smallest_measured_prefix_at_or_above():
     p = load_profile(REFERENCE_DIR / "h100-sxm__qwen3-8b__table6.json")
     assert p.prefix_bucket(1024) == 1024 and p.prefix_bucket(2000) == 4096
     assert p.prefix_bucket(100_000) == 16384  # beyond the grid: largest measured
-    ell = p.curve(2000)  # 4k row: 22.7 25.5 25.4 26.1 26.6 at n = 1 16 32 64 128
-    assert ell(32) == 25.4
-    assert ell(48) == pytest.approx((25.4 + 26.1) / 2)
-    np.testing.assert_allclose(ell(np.array([1, 128])), [22.7, 26.6])
-    with pytest.raises(ValueError, match="outside the measured range"):
-        ell(129)
-    with pytest.raises(ValueError, match="batch 4 was not measured"):
-        p.curve(1024, batch=4)
 
 
 def test_fixed_ms_adds_drafter_and_overhead_interpolated_in_batch():

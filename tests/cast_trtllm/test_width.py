@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from cast_trtllm.profile import REFERENCE_DIR, load_profile
 from cast_trtllm.cost_curve import choose_buckets, detect_cliffs, fit_affine
 from cast_trtllm.width import WidthPolicy
-from cast_trtllm.width_rules import batched_stopping_width, marginal_stopping_width, table_rule_width
+from cast_trtllm.width import batched_stopping_width, table_rule_width
 
 
 def power_law_masses(anchors: list[tuple[int, float]], count: int = 256) -> np.ndarray:
@@ -117,9 +117,13 @@ def test_table_rule_equals_bruteforce_over_every_budget(masses, table, fixed, ba
 
 
 # -- Theorem 2 / Proposition 3 -------------------------------------------------------------
+def theorem2(rho, ell0, c1, n_max=None):  # Theorem 2: Proposition 3's rule at B = 1
+    return batched_stopping_width(rho, 1, ell0, c1, n_max)
+
+
 def theorem2_width(name: str, n_max: int = 127) -> int:
     c0, c1 = fit_affine(*table5_row(name), 16, 128)  # forward-only slope, as the paper does
-    return marginal_stopping_width(APPENDIX_G_MASSES, c0 + c1, max(c1, 0.0), 0, n_max)
+    return theorem2(APPENDIX_G_MASSES, c0 + c1, max(c1, 0.0), n_max)
 
 
 def test_theorem2_gives_the_paper_order_flatter_curve_wider_tree():
@@ -131,12 +135,11 @@ def test_theorem2_gives_the_paper_order_flatter_curve_wider_tree():
 
 @settings(max_examples=200, deadline=None)
 @given(masses=st.lists(st.floats(0, 1), min_size=1, max_size=80),
-       ell0=st.floats(0.5, 200), c1=st.floats(0, 5), n_min=st.integers(0, 5))
-def test_marginal_rule_equals_bruteforce_argmax_under_affine_cost(masses, ell0, c1, n_min):
+       ell0=st.floats(0.5, 200), c1=st.floats(0, 5))
+def test_marginal_rule_equals_bruteforce_argmax_under_affine_cost(masses, ell0, c1):
     rho = np.sort(masses)[::-1]
-    n_min = min(n_min, len(rho))
-    chosen = marginal_stopping_width(rho, ell0, c1, n_min)
-    best = max(f(rho, m, ell0 + c1 * m) for m in range(n_min, len(rho) + 1))
+    chosen = theorem2(rho, ell0, c1)
+    best = max(f(rho, m, ell0 + c1 * m) for m in range(len(rho) + 1))
     assert f(rho, chosen, ell0 + c1 * chosen) >= best * (1 - 1e-12)
 
 
@@ -145,33 +148,26 @@ def test_marginal_rule_equals_bruteforce_argmax_under_affine_cost(masses, ell0, 
        ell0=st.floats(0.5, 200), c1=st.floats(0, 5), more=st.floats(0, 5))
 def test_marginal_width_never_grows_with_a_steeper_cost(masses, ell0, c1, more):
     rho = np.sort(masses)[::-1]
-    assert marginal_stopping_width(rho, ell0, c1 + more) <= marginal_stopping_width(rho, ell0, c1)
+    assert theorem2(rho, ell0, c1 + more) <= theorem2(rho, ell0, c1)
 
 
 def test_marginal_rule_on_an_exact_affine_table_matches_the_table_rule():
     rho, c0, c1 = APPENDIX_G_MASSES, 20.0, 0.2
     n = np.arange(1, 129)
     budget, _ = table_rule_width(rho, n, c0 + c1 * n)
-    chosen = marginal_stopping_width(rho, c0 + c1, c1, 0, 127)
+    chosen = theorem2(rho, c0 + c1, c1, 127)
     assert f(rho, chosen, c0 + c1 * (chosen + 1)) == pytest.approx(f(rho, budget, c0 + c1 * (budget + 1)))
 
 
 def test_marginal_rule_boundaries():
     rho = APPENDIX_G_MASSES[:100]
-    assert marginal_stopping_width(rho, 10.0, 0.0) == 100           # free width: all nodes
-    assert marginal_stopping_width(rho, 10.0, 0.0, 0, 40) == 40     # n_max caps
-    assert marginal_stopping_width(rho, 10.0, 1e3, 0) == 0          # prohibitive: root only
-    assert marginal_stopping_width(rho, 10.0, 1e3, 7) == 7          # n_min holds
+    assert theorem2(rho, 10.0, 0.0) == 100           # free width: all nodes
+    assert theorem2(rho, 10.0, 0.0, 40) == 40        # n_max caps
+    assert theorem2(rho, 10.0, 1e3) == 0             # prohibitive: root only
     with pytest.raises(ValueError, match="c1_ms >= 0"):
-        marginal_stopping_width(rho, 10.0, -0.01)
+        theorem2(rho, 10.0, -0.01)
     with pytest.raises(ValueError, match="descending"):
-        marginal_stopping_width(rho[::-1], 10.0, 0.1)
-
-
-def test_batched_rule_is_theorem2_at_batch_one():
-    for c1 in (0.0, 0.01, 0.05, 0.5):
-        assert batched_stopping_width(APPENDIX_G_MASSES, 1, 25.0, c1) == \
-            marginal_stopping_width(APPENDIX_G_MASSES, 25.0, c1)
+        theorem2(rho[::-1], 10.0, 0.1)
 
 
 def test_batched_rule_narrows_each_request_as_load_grows():
@@ -206,7 +202,6 @@ def test_reference_profiles_give_the_paper_width_order():
 def test_width_policy_respects_budget_bounds_and_interpolates_batch():
     p = profile(f"{BLACKWELL_8B}__table5")
     assert WidthPolicy.from_profile(p, 1024, max_budget=31).choose(APPENDIX_G_MASSES).budget == 31
-    assert WidthPolicy.from_profile(p, 1024, min_budget=127).choose(APPENDIX_G_MASSES).budget == 127
     # App. F rows are measured at B = 8 and 32; B = 16 interpolates verify and drafter ms
     batched = WidthPolicy.from_profile(profile(f"{BLACKWELL_8B}__appendix-f"), 1024)
     pooled = np.sort(np.tile(APPENDIX_G_MASSES[:63], 16))[::-1]
