@@ -19,7 +19,7 @@ from engine_builder.skus import list_skus
               help="DFlash checkpoint directory (config.json + model.safetensors); omit to skip the draft graphs.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory for the ONNX files, plugin PTX, manifest and engines.")
-@click.option("--num-layers", type=int, default=None,
+@click.option("--num-layers", type=click.IntRange(min=1), default=None,
               help="Export only the first K target layers (smoke builds; its logits are not the full model's).")
 @click.option("--flavour", type=click.Choice(["both", *VERIFY_FILES]), default="both", show_default=True,
               help="Verify-graph attention: standard ONNX ops (onnxruntime), the cast::tree_attention node "
