@@ -130,12 +130,6 @@ def block_hidden(
     return hidden.view(n, width, -1)[:, 1:]  # [n, L, H]: slot 0 of each block is its root
 
 
-def position_weights(num_draft: int, gamma: float | None) -> torch.Tensor:
-    """[L] DFlash loss weight of slot k: exp(-(k-1)/gamma); uniform when gamma is None."""
-    k = torch.arange(num_draft, dtype=torch.float32)
-    return torch.ones(num_draft) if gamma is None else torch.exp(-k / gamma)
-
-
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Weighted mean cross-entropy. logits [n, L, Vd]; labels [n, L] (draft ids); weights [L]."""
     ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="none")

@@ -17,7 +17,7 @@ first chain rejection (Fig. 4a).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -81,19 +81,22 @@ def accepted_path(tree: Tree, continuation: np.ndarray) -> list[int]:
     return path
 
 
-def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
-    """Committed lengths R and tree sizes of every round of one continuation."""
-    lengths, sizes = [], []
+def rounds(scores: AnchorScores, rule: TreeRule) -> Iterator[tuple[int, Tree, int, int]]:
+    """(pending root position p, tree, accepted length A, committed length R) of every round of one continuation."""
     p, end = scores.prompt_len, len(scores.ids) - 1  # the last token (EOS or budget) ends decoding
     while p < end:
         a = p - scores.prompt_len
         tree = rule(scores.topk_ids[a], scores.topk_logprobs[a])
         accepted = len(accepted_path(tree, scores.ids[p + 1 :]))
         r = min(accepted + 1, end - p)
-        lengths.append(r)
-        sizes.append(tree.size)
+        yield p, tree, accepted, r
         p += r
-    return lengths, sizes
+
+
+def replay(scores: AnchorScores, rule: TreeRule) -> tuple[list[int], list[int]]:
+    """Committed lengths R and tree sizes of every round of one continuation."""
+    played = list(rounds(scores, rule))
+    return [r for *_, r in played], [tree.size for _, tree, _, _ in played]
 
 
 def depth1_reliability(all_scores: list[AnchorScores], bins: int = 10) -> dict[str, Any]:
@@ -120,14 +123,11 @@ def first_rejection_ranks(all_scores: list[AnchorScores]) -> dict[str, float]:
     (paper Fig. 4a): shares of rank 1 (impossible by definition), 2-4, 5-K and > K."""
     ranks = []
     for s in all_scores:
-        p, end = s.prompt_len, len(s.ids) - 1
-        while p < end:
-            a, block = p - s.prompt_len, s.topk_ids[p - s.prompt_len]
-            accepted = len(accepted_path(chain_rule(block, s.topk_logprobs[a]), s.ids[p + 1 :]))
-            if accepted < block.shape[0] and p + accepted + 1 <= end:
+        for p, _, accepted, _ in rounds(s, chain_rule):
+            block = s.topk_ids[p - s.prompt_len]
+            if accepted < block.shape[0] and p + accepted + 1 <= len(s.ids) - 1:
                 where = np.flatnonzero(block[accepted] == s.ids[p + accepted + 1])
                 ranks.append(int(where[0]) + 1 if where.size else block.shape[1] + 1)
-            p += min(accepted + 1, end - p)
     r, k = np.array(ranks), s.topk_ids.shape[2] if all_scores else 0
     if r.size == 0:
         return {"events": 0}

@@ -173,10 +173,8 @@ def stream_records(paths: Sequence[Path], stored_ids: Sequence[int], wanted_ids:
     """Endless shuffled records, read from disk `shards_in_memory` shards at a time.
 
     Each epoch reshuffles the shard order and the records inside each group, so memory
-    stays bounded by the group, not the dataset.
+    stays bounded by the group, not the dataset (`split_shards` leaves every run a training shard).
     """
-    if not paths:
-        raise ValueError("no training shards to stream")
     cols, rng = tap_columns(stored_ids, wanted_ids, hidden), random.Random(seed)
     while True:
         order = list(paths)

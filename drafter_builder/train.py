@@ -22,8 +22,7 @@ import torch
 from tqdm import tqdm
 
 from drafter_builder.blocks import (FrozenTarget, block_hidden, block_labels, block_loss, final_tap_columns,
-                                    position_weights, sample_anchors, soft_block_loss, target_block_logprobs,
-                                    to_draft_labels)
+                                    sample_anchors, soft_block_loss, target_block_logprobs, to_draft_labels)
 from drafter_builder.replay import score_anchors
 from runtime.drafter.vocab import DraftHead, target_to_draft
 
@@ -42,7 +41,7 @@ class TrainConfig:
     schedule_start_s: float = 0.0  # the cosine runs from this many trained seconds to budget_s (> 0: a restarted schedule)
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    decay_gamma: float | None = 7.0  # DFlash position decay; None = uniform
+    decay_gamma: float = 7.0  # DFlash position decay: slot k of a block weighs exp(-(k-1)/gamma) in the loss
     kd_weight: float = 0.0  # share of the loss on the target's soft law (0 = hard greedy labels only)
     autocast_bf16: bool = False  # bf16 matmuls (weights and optimizer stay fp32)
     save_every_s: float = 180.0
@@ -117,7 +116,7 @@ def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]],
     head = DraftHead(target.lm_head_weight, drafter.d2t)
     t2d = None if drafter.d2t is None else target_to_draft(head.target_ids, head.vocab_size)
     device = target.lm_head_weight.device
-    weights = position_weights(drafter.config.num_draft_positions, cfg.decay_gamma).to(device)
+    weights = torch.exp(-torch.arange(drafter.config.num_draft_positions, device=device) / cfg.decay_gamma)  # [L]
     if cfg.kd_weight > 0 and num_target_layers is None:
         raise ValueError("kd_weight > 0 needs num_target_layers (to find the final-layer tap)")
     final = final_tap_columns(drafter, num_target_layers) if cfg.kd_weight > 0 else None
@@ -128,6 +127,7 @@ def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]],
         opt.load_state_dict(state.optimizer)
     start = time.monotonic() - state.elapsed_s
     segment_end = math.inf if cfg.segment_s is None else time.monotonic() + cfg.segment_s
+    step_cap = math.inf if cfg.max_steps is None else cfg.max_steps
     last_save = last_eval = time.monotonic()
     bar = tqdm(total=int(cfg.budget_s), initial=int(state.elapsed_s), desc="drafter training", unit="s")
 
@@ -146,9 +146,7 @@ def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]],
         run_eval()
     while True:
         elapsed = time.monotonic() - start
-        if elapsed >= cfg.budget_s or (cfg.max_steps is not None and state.step >= cfg.max_steps):
-            break
-        if time.monotonic() >= segment_end:
+        if elapsed >= cfg.budget_s or state.step >= step_cap or time.monotonic() >= segment_end:
             break
         for group in opt.param_groups:
             group["lr"] = _lr_at(cfg, state.step, elapsed, run_start_step)
@@ -198,7 +196,7 @@ def train(drafter: Any, target: FrozenTarget, records: Iterator[dict[str, Any]],
 # ---------------------------------------------------------------- acceptance
 
 
-def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]], chunk: int = 32) -> dict[str, Any]:
+def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Top-1 acceptance per block position over every anchor with a full block of labels.
 
     top1[k]: P(argmax q_k == target greedy token k); chain[k]: P(slots 1..k all match);
@@ -209,7 +207,7 @@ def acceptance(drafter: Any, target: FrozenTarget, records: list[dict[str, Any]]
         full = rec["ids"].numel() - num_draft - rec["prompt_len"]  # anchors with a full block of labels
         if full <= 0:
             continue  # a response shorter than a block (an early EOS) has no such anchor
-        s = score_anchors(drafter, target, rec, rank_cap=1, chunk=chunk)
+        s = score_anchors(drafter, target, rec, rank_cap=1)
         labels = np.lib.stride_tricks.sliding_window_view(s.ids[s.prompt_len + 1 :], num_draft)[:full]  # [A, L]
         hits.append(torch.from_numpy(s.topk_ids[:full, :, 0] == labels))
     if not hits:

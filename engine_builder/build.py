@@ -1,13 +1,13 @@
 """Engine build for one GPU SKU: ONNX graphs, plugin PTX, build manifest, TensorRT engines.
 
-    result = build(BuildRequest(sku="h200", target="embedded", drafter=Path("head/"), out=Path("build/")))
+    manifest = build("h200", "embedded", Path("build/"), drafter=Path("head/"))
 
 Writes into `out`: verify graphs (standard-ops flavour `verify_onnx.onnx`, which
 onnxruntime runs; custom-node flavour `verify_plugin.onnx`, for TensorRT), the drafter's
 `draft.onnx` + `context.onnx`, the AOT PTX of the tree-attention kernel for the SKU's
 arch (`plugin/`), and `manifest.json` (SKU, buckets, one optimization profile per
 bucket, files, versions, plugin archs). Engines are built only where TensorRT imports;
-else `BuildResult.engines_built` is False and `message` says why. The TensorRT-facing
+else `manifest["engines"]` is empty and `manifest["tensorrt"]` says why. The TensorRT-facing
 graphs are single-request; the runtime's batched graphs (one pass over every request) go
 to `onnxruntime/` for fp32 SKUs, and `--engine DIR` runs them (`runtime.engine.engine_dir`).
 """
@@ -33,31 +33,6 @@ from runtime.model.llama import LlamaTarget
 
 MANIFEST_VERSION = 1
 VERIFY_FILES = {"onnx": "verify_onnx.onnx", "plugin": "verify_plugin.onnx"}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BuildRequest:
-    sku: str  # shipped SKU name or a spec .yaml path
-    target: str  # "embedded", "random" (tiny seeded test model) or an HF model dir / .gguf file
-    out: Path
-    drafter: Path | None = None  # DFlash checkpoint dir; None: no draft graphs
-    num_layers: int | None = None  # export only the first K target layers (smoke builds)
-    flavours: tuple[str, ...] = ("onnx", "plugin")
-
-    def __post_init__(self) -> None:
-        bad = set(self.flavours) - set(VERIFY_FILES)
-        if not self.flavours or bad:
-            raise ValueError(f"flavours must be a non-empty subset of {sorted(VERIFY_FILES)}, got {self.flavours}")
-        if self.num_layers is not None and self.num_layers < 1:
-            raise ValueError(f"--num-layers must be >= 1, got {self.num_layers}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BuildResult:
-    manifest_path: Path
-    manifest: dict[str, Any]
-    engines_built: bool
-    message: str  # what was built, or why the engines were not
 
 
 def plugin_ptx(spec: SkuSpec, target: LlamaTarget, words: int, out: Path) -> dict[str, Any]:
@@ -118,26 +93,32 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: None,
-          try_engines: bool = True) -> BuildResult:
-    """Export, write the manifest, and build engines if `try_engines` and TensorRT imports."""
+def build(sku: str, target_source: str, out: Path, drafter_dir: Path | None = None, num_layers: int | None = None,
+          flavours: tuple[str, ...] = tuple(VERIFY_FILES), progress: Callable[[str], None] = lambda msg: None,
+          try_engines: bool = True) -> dict[str, Any]:
+    """Export, write the manifest, and build engines if `try_engines` and TensorRT imports; returns the
+    manifest (its "tensorrt" entry: what was built, or why the engines were not).
+
+    sku: shipped SKU name or spec .yaml path; target_source: "embedded", "random" (tiny seeded test
+    model) or an HF model dir / .gguf file; drafter_dir: DFlash checkpoint (None: no draft graphs);
+    num_layers: export only the first K >= 1 target layers (smoke builds); flavours: keys of VERIFY_FILES."""
     from runtime.loader import load_models
 
-    spec = load_sku(request.sku)
-    out = Path(request.out)
+    spec = load_sku(sku)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    progress(f"loading target {request.target!r} in {spec.dtype}")
-    loaded = load_models(request.target, "none", "cpu", getattr(torch, spec.dtype))
+    progress(f"loading target {target_source!r} in {spec.dtype}")
+    loaded = load_models(target_source, "none", "cpu", getattr(torch, spec.dtype))
     target, target_name = loaded.target, loaded.name
     full_layers = target.config.num_layers
     drafter = None
-    if request.drafter is not None:  # checked against the full target it was trained for
-        drafter = load_drafter(request.drafter, target.config, dtype=getattr(torch, spec.dtype))
-    if request.num_layers is not None and request.num_layers < full_layers:
-        target = ox.truncate_target(target, request.num_layers)
-        dropped = [i for i in (drafter.config.target_layer_ids if drafter else ()) if i >= request.num_layers]
+    if drafter_dir is not None:  # checked against the full target it was trained for
+        drafter = load_drafter(drafter_dir, target.config, dtype=getattr(torch, spec.dtype))
+    if num_layers is not None and num_layers < full_layers:
+        target = ox.truncate_target(target, num_layers)
+        dropped = [i for i in (drafter.config.target_layer_ids if drafter else ()) if i >= num_layers]
         if dropped:
-            raise ValueError(f"--num-layers {request.num_layers} drops target layers {dropped} that the drafter taps")
+            raise ValueError(f"--num-layers {num_layers} drops target layers {dropped} that the drafter taps")
     cfg = target.config
     words = ox.mask_words(spec.packed_buckets[-1])
     prefix_max = min(spec.prefix_buckets[-1], cfg.context_window - spec.packed_buckets[-1])
@@ -147,7 +128,7 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
     taps = drafter.config.target_layer_ids if drafter is not None else ()
 
     graphs: dict[str, Any] = {}
-    for flavour in request.flavours:
+    for flavour in flavours:
         progress(f"exporting the verify graph ({flavour} attention)")
         graphs[f"verify_{flavour}"] = ox.export_verify(target, out / VERIFY_FILES[flavour], flavour, words, taps)
     verify_profiles = ox.optimization_profiles(spec.packed_buckets, words, prefix_opt, prefix_max)
@@ -170,11 +151,11 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "sku": {k: getattr(spec, k) for k in ("name", "display_name", "compute_capability", "dtype",
                                               "packed_buckets", "prefix_buckets", "max_batch")},
-        "target": {"source": request.target, "name": target_name, "exported_layers": cfg.num_layers,
+        "target": {"source": target_source, "name": target_name, "exported_layers": cfg.num_layers,
                    "full_layers": full_layers, "truncated": cfg.num_layers < full_layers,
                    "config": dataclasses.asdict(cfg)},
         "drafter": None if drafter is None else {
-            "path": str(request.drafter), "block_size": drafter.config.block_size,
+            "path": str(drafter_dir), "block_size": drafter.config.block_size,
             "target_layer_ids": list(drafter.config.target_layer_ids), "layers": drafter.config.num_hidden_layers},
         "batch": 1,
         "mask_words": words,
@@ -197,9 +178,8 @@ def build(request: BuildRequest, progress: Callable[[str], None] = lambda msg: N
         message = (f"no TensorRT engines built: {status}. Wrote {len(graphs)} ONNX graphs and "
                    f"{MANIFEST_NAME} to {out}; build the engines from them on a machine with TensorRT")
     manifest["tensorrt"] = message
-    path = out / MANIFEST_NAME
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
-    return BuildResult(path, manifest, bool(manifest["engines"]), message)
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
 
 
 ENGINE_GRAPHS = {"verify_plugin": "verify", "draft": "draft", "context": "context"}  # graph -> engine / profiles

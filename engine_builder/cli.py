@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from engine_builder.build import MANIFEST_NAME, VERIFY_FILES, BuildRequest, build as run_build
+from engine_builder.build import MANIFEST_NAME, VERIFY_FILES, build as run_build
 from engine_builder.skus import list_skus
 
 
@@ -19,7 +19,7 @@ from engine_builder.skus import list_skus
               help="DFlash checkpoint directory (config.json + model.safetensors); omit to skip the draft graphs.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory for the ONNX files, plugin PTX, manifest and engines.")
-@click.option("--num-layers", type=int, default=None,
+@click.option("--num-layers", type=click.IntRange(min=1), default=None,
               help="Export only the first K target layers (smoke builds; its logits are not the full model's).")
 @click.option("--flavour", type=click.Choice(["both", *VERIFY_FILES]), default="both", show_default=True,
               help="Verify-graph attention: standard ONNX ops (onnxruntime), the cast::tree_attention node "
@@ -33,13 +33,10 @@ def build(sku: str, target: str, drafter: Path | None, out: Path, num_layers: in
     where TensorRT is importable (else exit 1 with the reason, after writing the files)."""
     flavours = tuple(VERIFY_FILES) if flavour == "both" else (flavour,)
     try:
-        request = BuildRequest(sku=sku, target=target, out=out, drafter=drafter, num_layers=num_layers,
-                               flavours=flavours)
-        result = run_build(request, progress=lambda msg: click.echo(f"[build] {msg}", err=True),
-                           try_engines=not onnx_only)
+        manifest = run_build(sku, target, out, drafter, num_layers, flavours,
+                             progress=lambda msg: click.echo(f"[build] {msg}", err=True), try_engines=not onnx_only)
     except ValueError as err:
         raise click.ClickException(str(err)) from err
-    manifest = result.manifest
     if as_json:
         click.echo(json.dumps(manifest, indent=2))
     else:
@@ -51,6 +48,6 @@ def build(sku: str, target: str, drafter: Path | None, out: Path, num_layers: in
         buckets = [p["bucket"] for p in manifest["optimization_profiles"]["verify"]]
         click.echo(f"buckets (one optimization profile each): {buckets}")
         click.echo(f"manifest: {out / MANIFEST_NAME}")
-    if not result.engines_built and not onnx_only:
-        raise click.ClickException(result.message)
-    click.echo(result.message, err=True)
+    if not manifest["engines"] and not onnx_only:
+        raise click.ClickException(manifest["tensorrt"])
+    click.echo(manifest["tensorrt"], err=True)

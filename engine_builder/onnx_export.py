@@ -28,9 +28,7 @@ from runtime.model.llama import LlamaTarget
 
 
 def mask_words(max_packed: int) -> int:
-    """W: int32 words per bitmask row for packs of up to `max_packed` tokens."""
-    if max_packed < 1:
-        raise ValueError(f"max_packed must be >= 1, got {max_packed}")
+    """W: int32 words per bitmask row for packs of up to `max_packed` (>= 1: a SKU's largest bucket) tokens."""
     return -(-max_packed // 32)
 
 
@@ -38,8 +36,6 @@ def truncate_target(target: LlamaTarget, num_layers: int) -> LlamaTarget:
     """The first `num_layers` layers of `target` (weights shared) with its norm and lm_head:
     a cheap stand-in for export tests. Its logits are NOT the full model's."""
     cfg = target.config
-    if not 1 <= num_layers <= cfg.num_layers:
-        raise ValueError(f"num_layers must be in [1, {cfg.num_layers}], got {num_layers}")
     small_cfg = dataclasses.replace(cfg, num_layers=num_layers)
     with torch.device("meta"):
         small = LlamaTarget(small_cfg, Rotary(torch.empty(cfg.head_dim // 2)))
@@ -90,10 +86,8 @@ def optimization_profiles(packed_buckets: Sequence[int], mask_words: int, prefix
     """One min/opt/max shape record per width bucket for the verify graph's dynamic inputs.
 
     Bucket b serves packs of (previous bucket, b] tokens (the runtime pads a tree to the
-    smallest bucket >= n), tuned at n = b; the KV prefix ranges over [1, prefix_max].
+    smallest bucket >= n), tuned at n = b; the KV prefix ranges over [1, prefix_max] (1 <= prefix_opt <= prefix_max).
     """
-    if not 1 <= prefix_opt <= prefix_max:
-        raise ValueError(f"need 1 <= prefix_opt ({prefix_opt}) <= prefix_max ({prefix_max})")
     profiles, low = [], 1
     for bucket in packed_buckets:
         if bucket > 32 * mask_words:

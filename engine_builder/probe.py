@@ -143,11 +143,12 @@ def load_probe_drafter(spec: str | None, model: LlamaTarget):
     return random_drafter(model.config, num_layers=1, block_size=16), "untrained 1-layer drafter, block 16"
 
 
-def _ints(text: str, flag: str) -> tuple[int, ...]:
+def _ints(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[int, ...] | None:
+    """Click callback: a comma list of integers."""
     try:
-        return tuple(int(v) for v in text.split(","))
+        return None if text is None else tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise click.BadParameter(f"expected a comma list of integers, got {text!r}", param_hint=flag) from None
+        raise click.BadParameter(f"expected a comma list of integers, got {text!r}") from None
 
 
 def summary_table(tables: dict, profile: WidthProfile) -> str:
@@ -177,12 +178,13 @@ def stats_json(tables: dict | Stats) -> dict:
               help="'embedded' (SmolLM2-135M) or a Hugging Face model directory.")
 @click.option("--drafter", default=None, help="DFlash checkpoint dir (default: runtime/drafter/default, else an "
                                               "untrained drafter of the default shape).")
-@click.option("--prefix", default=None, help="Comma list of KV-prefix lengths (default: the SKU's prefix_buckets).")
-@click.option("--batch", default="1", show_default=True,
+@click.option("--prefix", default=None, callback=_ints,
+              help="Comma list of KV-prefix lengths (default: the SKU's prefix_buckets).")
+@click.option("--batch", default="1", show_default=True, callback=_ints,
               help="Comma list of batch sizes (B requests verified in ONE batched pass, as the engine runs them).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True,
               help="The engine's target + drafter backend to time (onnxruntime: fp32 CPU only).")
-@click.option("--packed", default=",".join(map(str, DEFAULT_PACKED)), show_default=True,
+@click.option("--packed", default=",".join(map(str, DEFAULT_PACKED)), show_default=True, callback=_ints,
               help="Comma list of packed counts n = N + 1 per request.")
 @click.option("--warmup", type=int, default=8, show_default=True, help="Untimed passes per cell.")
 @click.option("--iters", type=int, default=30, show_default=True, help="Timed passes per cell.")
@@ -204,8 +206,7 @@ def probe(sku, target_spec, drafter, prefix, batch, backend, packed, warmup, ite
 
     try:
         spec = load_sku(sku)
-        settings = ProbeSettings(_ints(prefix, "--prefix") if prefix else spec.prefix_buckets, _ints(batch, "--batch"),
-                                 _ints(packed, "--packed"), warmup, iters, rank_cap, seed)
+        settings = ProbeSettings(prefix or spec.prefix_buckets, batch, packed, warmup, iters, rank_cap, seed)
         if settings.batch_sizes[-1] > spec.max_batch:
             raise ValueError(f"--batch {settings.batch_sizes[-1]} exceeds SKU {sku}'s max_batch {spec.max_batch}")
         gpu = spec.compute_capability is not None

@@ -33,6 +33,11 @@ VAL_SHARDS = click.option("--val-shards", type=int, default=2, show_default=True
                           help="Last shards of each data run held out for validation (tau monitor, mass calibration).")
 
 
+def file_option(*decls: str, help: str, **kw):
+    """An output file option (`--json`, `--plot`, ...): None unless given."""
+    return click.option(*decls, type=click.Path(dir_okay=False, path_type=Path), default=None, help=help, **kw)
+
+
 def load_target(threads: int, seed: int = 0):
     """(HF model, tokenizer, FrozenTarget, TargetConfig) of the embedded target, frozen, after
     setting torch's CPU threads and seed."""

@@ -21,7 +21,7 @@ from drafter_builder import replay as RP
 from drafter_builder import shards as S
 from drafter_builder import train as T
 from drafter_builder.cli import common
-from drafter_builder.cli.common import CHECKPOINT, HELDOUT_SETS, THREADS, VAL_SHARDS, WORK
+from drafter_builder.cli.common import CHECKPOINT, HELDOUT_SETS, THREADS, VAL_SHARDS, WORK, file_option
 from runtime.drafter import load_drafter
 
 REPORT_BUDGETS = (3, 7, 15, 31, 63)
@@ -39,12 +39,12 @@ def _heldout_records(work: Path, layer_ids: list[int], hidden: int, per_set: int
     return out
 
 
-def acceptance_report(drafter, frozen, heldout: dict[str, list], budgets=REPORT_BUDGETS, rank_cap: int = 8) -> dict:
+def acceptance_report(drafter, frozen, heldout: dict[str, list]) -> dict:
     """Per domain: chain R (whole block) and CAST R per budget, depth-1 reliability, first-rejection ranks."""
-    rules = {"chain": RP.chain_rule, **{f"cast:{n}": RP.budget_rule(n) for n in budgets}}
+    rules = {"chain": RP.chain_rule, **{f"cast:{n}": RP.budget_rule(n) for n in REPORT_BUDGETS}}
     out: dict[str, Any] = {}
     for name, recs in heldout.items():
-        scores = [RP.score_anchors(drafter, frozen, r, rank_cap) for r in recs]
+        scores = [RP.score_anchors(drafter, frozen, r) for r in recs]
         row: dict[str, Any] = {"prompts": len(recs)}
         for label, rule in rules.items():
             lengths = [x for s in scores for x in RP.replay(s, rule)[0]]
@@ -69,12 +69,9 @@ def format_report(res: dict) -> str:
 @THREADS
 @CHECKPOINT
 @click.option("--prompts", type=int, default=40, show_default=True, help="Held-out prompts per domain.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the report as JSON here.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also plot R per budget and depth-1 reliability (PNG).")
-@click.option("--training-curve", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also plot the checkpoint's loss and validation tau against time (PNG).")
+@file_option("--json", "json_path", help="Also write the report as JSON here.")
+@file_option("--plot", help="Also plot R per budget and depth-1 reliability (PNG).")
+@file_option("--training-curve", help="Also plot the checkpoint's loss and validation tau against time (PNG).")
 def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: Path | None, plot: Path | None,
            training_curve: Path | None) -> None:
     """Greedy replay of held-out prompts: committed round length R per domain and method."""
@@ -85,9 +82,9 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
     res = acceptance_report(drafter, frozen, heldout_recs)
     click.echo(format_report(res))
     click.echo(f"({time.monotonic() - start:.0f} s; R includes the bonus token; AR = 1)")
+    record = checkpoint / "training.json"
+    trained = json.loads(record.read_text()) if record.is_file() else {}
     if json_path is not None:
-        record = checkpoint / "training.json"
-        trained = json.loads(record.read_text()) if record.is_file() else {}
         json_path.write_text(json.dumps({"checkpoint": str(checkpoint), "block_size": drafter.config.block_size,
                                          "train_seconds": trained.get("train_seconds"), "steps": trained.get("steps"),
                                          "domains": res}, indent=2) + "\n")
@@ -98,7 +95,7 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
     if training_curve is not None:
         from perf.plots import plot_training_curve
 
-        plot_training_curve(json.loads((checkpoint / "training.json").read_text()), training_curve)
+        plot_training_curve(trained, training_curve)
 
 
 @click.command("fit")
@@ -107,8 +104,7 @@ def report(work: Path, threads: int, checkpoint: Path, prompts: int, json_path: 
 @CHECKPOINT
 @click.option("--per-run", type=int, default=24, show_default=True, help="Sequences per data run and split.")
 @VAL_SHARDS
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the table as JSON here.")
+@file_option("--json", "json_path", help="Also write the table as JSON here.")
 def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: int, json_path: Path | None) -> None:
     """Over- or under-fitting: teacher-forced tau per data run on sequences the head trained on
     beside held-out sequences of the same run. A wide gap means more data pays; none, a wider head."""
@@ -132,9 +128,9 @@ def fit(work: Path, threads: int, checkpoint: Path, per_run: int, val_shards: in
 
 @click.command("curve")
 @click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Write the learning curve (R per domain against training minutes) here.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also plot it (PNG).")
+@file_option("--json", "json_path", required=True,
+             help="Write the learning curve (R per domain against training minutes) here.")
+@file_option("--plot", help="Also plot it (PNG).")
 def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None:
     """Learning curve from `report --json` files of checkpoints taken at several training times."""
     points = []
@@ -157,27 +153,23 @@ def curve(reports: tuple[Path, ...], json_path: Path, plot: Path | None) -> None
         plot_learning_curve(points, plot, CHAIN_TARGETS)
 
 
-def store_calibration(folder: Path, fit: dict) -> None:
-    """Put a fitted mass calibration into the config.json (and training.json copy) of `folder`."""
-    path = folder / "config.json"
-    raw = json.loads(path.read_text())
-    raw["cast_calibration"] = fit
-    path.write_text(json.dumps(raw, indent=2) + "\n")
-    info = folder / "training.json"
-    if info.is_file():  # keep the training record's copy of the config in step
-        record = json.loads(info.read_text())
-        record["drafter_config"] = raw
-        info.write_text(json.dumps(record, indent=2) + "\n")
-    click.echo(f"{folder}: mass calibration {fit}")
-
-
-def write_calibration(folder: Path, target_cfg, frozen, records: list) -> dict:
-    """Fit the mass calibration of the head in `folder` on `records`; store it in its config.json."""
-    drafter = load_drafter(folder, target_cfg)
+def write_calibration(folders: list[Path], target_cfg, frozen, records: list) -> None:
+    """Fit the mass calibration of the head in `folders[0]` on `records`; store it in the config.json
+    (and the training.json copy of it) of every folder (an fp32 twin differs by rounding only)."""
+    drafter = load_drafter(folders[0], target_cfg)
     fit = RP.fit_mass_exponent([RP.score_anchors(drafter, frozen, r) for r in records])
     fit = {**fit, "fitted_on": f"{len(records)} validation sequences (training pools, held out)"}
-    store_calibration(folder, fit)
-    return fit
+    for folder in folders:
+        path = folder / "config.json"
+        raw = json.loads(path.read_text())
+        raw["cast_calibration"] = fit
+        path.write_text(json.dumps(raw, indent=2) + "\n")
+        info = folder / "training.json"
+        if info.is_file():  # keep the training record's copy of the config in step
+            record = json.loads(info.read_text())
+            record["drafter_config"] = raw
+            info.write_text(json.dumps(record, indent=2) + "\n")
+        click.echo(f"{folder}: mass calibration {fit}")
 
 
 @click.command("calibrate")
@@ -191,4 +183,4 @@ def calibrate(work: Path, threads: int, checkpoint: Path, val_shards: int) -> No
     layer_ids = list(load_drafter(checkpoint, target_cfg).config.target_layer_ids)
     _, val_paths = S.split_shards(work / "train", val_shards)
     records = S.load_records(val_paths, S.stored_layer_ids(work / "train"), layer_ids, target_cfg.hidden_size)
-    write_calibration(checkpoint, target_cfg, frozen, records)
+    write_calibration([checkpoint], target_cfg, frozen, records)

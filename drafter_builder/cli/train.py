@@ -16,7 +16,7 @@ import torch
 from drafter_builder import shards as S
 from drafter_builder import train as T
 from drafter_builder.cli import common
-from drafter_builder.cli.report import store_calibration, write_calibration
+from drafter_builder.cli.report import write_calibration
 from drafter_builder.cli.common import LAYER_IDS, MASK_TOKEN_ID, SEED, THREADS, VAL_SHARDS, WORK
 from runtime.drafter import DEFAULT_DRAFTER, load_drafter, random_drafter, save_drafter, with_draft_vocab, with_layers
 from runtime.drafter import vocab as V
@@ -32,12 +32,6 @@ def _draft_vocab(paths: list[Path], target_cfg, size: int, eos_ids: list[int]) -
     responses = [r["ids"][r["prompt_len"] :] for p in paths for r in torch.load(p)]
     ids = V.frequent_ids(responses, target_cfg.vocab_size, size, always=eos_ids)
     return ids, {"draft_vocab_size": size, "train_coverage": round(V.coverage(responses, ids, target_cfg.vocab_size), 5)}
-
-
-def _save_shipped(drafter, out: Path, info: dict) -> None:
-    """fp16 weights (load_drafter upcasts to the runtime dtype; d2t stays int64) + provenance."""
-    save_drafter(copy.deepcopy(drafter).half(), out)
-    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 @click.command("train")
@@ -159,16 +153,16 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
         if inherited:  # runs whose shards are not under --work: a later resume reads them back from here
             inherited_path.write_text(json.dumps(inherited, indent=1))
         torch.save(st.to_dict(), state_path)
+        # shipped: fp16 weights (load_drafter upcasts to the runtime dtype; d2t stays int64) + provenance
+        save_drafter(copy.deepcopy(drafter).half(), out)
         recent = [e["loss"] for e in st.log[-100:]]
-        _save_shipped(drafter, out, {
+        (out / "training.json").write_text(json.dumps({
             "steps": st.step, "train_seconds": round(st.elapsed_s, 1),
             "final_loss_mean_last_100": round(sum(recent) / max(1, len(recent)), 4),
-            "loss_curve": thin_loss_curve(st.log), "validation_tau": st.evals,
-            "validation_shards": val_names,
+            "loss_curve": thin_loss_curve(st.log), "validation_tau": st.evals, "validation_shards": val_names,
             "vocab": vocab_info, "drafter_config": drafter.config.to_dict(), "data": meta,
-            "train_config": st.runs[-1]["train_config"],
-            "threads": threads, "runs": st.runs,
-        })
+            "train_config": st.runs[-1]["train_config"], "threads": threads, "runs": st.runs,
+        }, indent=2) + "\n")
 
     records = S.stream_records(train_paths, stored, layer_ids, target_cfg.hidden_size, seed + state.step)
     n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
@@ -183,8 +177,7 @@ def train(work: Path, seed: int, threads: int, out: Path, block_size: int, num_l
                     num_target_layers=target_cfg.num_layers, run_info=run_info)
     click.echo(f"steps {state.step}; validation tau {state.evals[-1]['tau'] if state.evals else '-'}; saved {out}")
     validation = S.load_records(val_paths, stored, layer_ids, target_cfg.hidden_size)
-    fit = write_calibration(out, target_cfg, frozen, validation)  # on the CPU, on the shipped (fp16) weights
-    store_calibration(ckpt, fit)  # the fp32 twin differs by rounding only: no second fit
+    write_calibration([out, ckpt], target_cfg, frozen, validation)  # on the CPU, on the shipped (fp16) weights
 
 
 def thin_loss_curve(log: list[dict], points: int = 40) -> list[dict]:
