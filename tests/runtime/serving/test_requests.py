@@ -11,7 +11,7 @@ import pytest
 
 from runtime.loader import encode_prompt
 from runtime.serving.config import ServingConfig
-from runtime.serving.outputs import RowOutput, TextStream, response_arrays, spec_stats
+from runtime.serving.outputs import TextStream, response_arrays, spec_stats
 from runtime.serving.repo import InstanceGroup, config_pbtxt
 from runtime.serving.requests import INPUTS, OUTPUTS, parse_request, split_batch
 from tests.runtime.hf_checkpoints import VOCAB, tiny_tokenizer
@@ -133,8 +133,11 @@ def live(tokens, accept, budgets):
 
 def test_spec_metrics_count_draft_tokens_of_drafted_rounds_and_accepted_ones_without_the_bonus():
     # (3-1) + (2-1) accepted of 6 + 4 drafted; none of none
-    assert spec_stats(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4])) == (pytest.approx(3 / 10), 3, 10)
-    assert spec_stats(live([5], [], [])) == (0.0, 0, 0)
+    stats = spec_stats(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4]))
+    assert stats == {"acceptance_rate": pytest.approx(3 / 10), "total_accepted_draft_tokens": 3,
+                     "total_draft_tokens": 10}
+    assert spec_stats(live([5], [], [])) == {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0,
+                                             "total_draft_tokens": 0}
 
 
 def test_end_id_min_tokens_and_bad_words_become_the_engine_requests_processing():
@@ -156,8 +159,11 @@ def test_text_pieces_hold_back_incomplete_characters_and_join_to_the_full_text()
 
 
 def test_response_arrays_have_a_batch_dimension_and_pad_ragged_rows():
-    rows = [RowOutput("ab", [1, 2, 3], [2], "length", (0.5, 1, 2), num_output_tokens=3),
-            RowOutput("c", [4], [], "eos", (0.0, 0, 0), num_output_tokens=1)]
+    stats = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 1, "total_draft_tokens": 2}
+    rows = [{"text_output": "ab", "output_ids": [1, 2, 3], "accept_lengths": [2], "finish_reason": "length", **stats,
+             "num_output_tokens": 3},
+            {"text_output": "c", "output_ids": [4], "accept_lengths": [], "finish_reason": "eos", **stats,
+             "num_output_tokens": 1, "num_input_tokens": 2}]
     out = response_arrays(rows, pad_id=9)
     assert out["text_output"].shape == (2, 1) and out["output_ids"].tolist() == [[1, 2, 3], [4, 9, 9]]
     assert out["accept_lengths"].tolist() == [[2], [0]] and out["num_output_tokens"].tolist() == [[3], [1]]
