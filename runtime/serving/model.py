@@ -66,8 +66,7 @@ class TritonPythonModel:
         rows = split_batch({t.name(): t.as_numpy() for t in request.inputs()})
         engine, tokenizer, chat = self.engine, self.engine.tokenizer, self.cfg.chat
         parsed = [parse_request(f"{request_id}/{i}", row, self.cfg, lambda text: self.built.encode(text, chat),
-                                engine.context_window, engine.target.config.vocab_size,
-                                lambda word: list(tokenizer(word, add_special_tokens=False).input_ids))
+                                engine.context_window, engine.target.config.vocab_size, tokenizer)
                   for i, row in enumerate(rows)]
         if any(o.stream for _, o in parsed):
             if not self.decoupled:

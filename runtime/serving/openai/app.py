@@ -27,7 +27,7 @@ from runtime.serving.openai.responses import LogprobStream, ResponseFormat
 from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from runtime.serving.openai.service import Generation, Service, Update
 from runtime.serving.outputs import TextStream
-from runtime.serving.requests import build_request
+from runtime.serving.requests import build_request, tokenize
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 MAX_CHARS_PER_TOKEN = 32  # prompts longer than this × the context window are refused before tokenizing
@@ -96,12 +96,6 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-
-
-def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts pass False: the template
-    already holds BOS etc."""
-    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
 def _check(service: Service, body: GenerationRequest) -> None:
