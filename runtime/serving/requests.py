@@ -192,6 +192,33 @@ def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
+class RequestError(ValueError):
+    """A refused request, naming its field (`param`) and an OpenAI error `code`."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def check_max_tokens(asked: int | None, prompt_len: int, cfg: ServingConfig, window: int) -> int:
+    """The max_tokens a request runs with (both APIs): `asked`, or the server's default cut to
+    what the context window leaves; RequestError when the prompt or max_tokens does not fit."""
+    room, limit = window - prompt_len, cfg.max_tokens_limit
+    if room < 1:
+        raise RequestError(f"the prompt has {prompt_len} tokens; the context window holds {window}: shorten it",
+                           "prompt", "context_length_exceeded")
+    if asked is None:
+        return min(cfg.default_max_tokens, room)
+    if not 1 <= asked <= limit:
+        raise RequestError(f"max_tokens={asked} is out of range: must be in [1, {limit}] (this server's limit)",
+                           "max_tokens")
+    if asked > room:
+        raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window of "
+                           f"{window} tokens; shorten the prompt or lower max_tokens", "max_tokens",
+                           "context_length_exceeded")
+    return asked
+
+
 def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
                   top_k: int, seed: int | None, stops: tuple[str, ...], method: str | None, budget: int | str | None,
                   **processing: Any) -> Request:
@@ -220,9 +247,6 @@ def parse_request(request_id: str, inputs: dict[str, np.ndarray], cfg: ServingCo
     prompt = _text(_scalar(inputs, "text_input"))
     if not prompt.strip():
         raise ValueError("input 'text_input' is empty: send a non-empty prompt")
-    max_tokens = int(_value(inputs, "max_tokens", cfg.default_max_tokens))
-    if not 1 <= max_tokens <= cfg.max_tokens_limit:
-        raise ValueError(f"max_tokens={max_tokens} is out of range: must be in [1, {cfg.max_tokens_limit}]")
     bad_words = tuple(tuple(tokenize(tokenizer, w, False)) for w in _words(inputs, "bad_words"))
     if any(not w for w in bad_words):
         raise ValueError(f"input 'bad_words'={list(_words(inputs, 'bad_words'))} holds a word with no tokens")
@@ -235,11 +259,8 @@ def parse_request(request_id: str, inputs: dict[str, np.ndarray], cfg: ServingCo
         ("num_input_tokens", "return_num_input_tokens"), ("num_output_tokens", "return_num_output_tokens"))}
     options = ResponseOptions(prompt, pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False), **flags)
     ids = encode(prompt)
-    if len(ids) + max_tokens > context_window:
-        raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
-            f"{context_window} tokens; shorten the prompt or lower max_tokens"
-        )
+    asked = _value(inputs, "max_tokens", None)
+    max_tokens = check_max_tokens(None if asked is None else int(asked), len(ids), cfg, context_window)
     seed = _value(inputs, "seed", None)
     request = build_request(request_id, ids, max_tokens, float(_value(inputs, "temperature", 0.0)),
                             float(_value(inputs, "top_p", 1.0)), int(_value(inputs, "top_k", 0)),

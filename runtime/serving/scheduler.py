@@ -121,7 +121,8 @@ class Scheduler:
                 self._admit(job)
             self._round()
         for job in list(self._running):
-            self._drop(job, "server shutting down: request aborted (it did not finish within the shutdown grace period)")
+            self._drop(job, "server shutting down: request aborted (it did not finish within the shutdown grace "
+                            "period)")
 
     def _expire(self, queued: list[Job]) -> None:
         now = time.monotonic()

@@ -56,7 +56,8 @@ class TritonServer:
         try:
             import pytriton
         except ImportError as err:
-            raise RuntimeError("tritonserver comes from the nvidia-pytriton wheel: pip install nvidia-pytriton") from err
+            raise RuntimeError("tritonserver comes from the nvidia-pytriton wheel: "
+                               "pip install nvidia-pytriton") from err
         dist = Path(pytriton.__file__).resolve().parent
         cmd = [str(dist / "tritonserver" / "bin" / "tritonserver"), f"--model-repository={self.repo}",
                f"--backend-directory={self._prepare_backends(dist / 'tritonserver')}",

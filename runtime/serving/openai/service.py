@@ -18,6 +18,7 @@ from runtime.engine import LLMEngine, Request
 from runtime.serving.config import ServingConfig
 from runtime.serving.openai.errors import APIError
 from runtime.serving.openai.metrics import ServerMetrics
+from runtime.serving.requests import RequestError
 from runtime.serving.scheduler import Overloaded, Scheduler
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine → OpenAI
@@ -123,7 +124,7 @@ class Service:
         try:  # method / budget this engine cannot run: the client's error, before queueing
             self.engine.check_request(request)
         except ValueError as err:
-            raise APIError(400, str(err), param="cast", code="invalid_value") from err
+            raise RequestError(str(err), "cast") from err
         gen = Generation(request.request_id, asyncio.get_running_loop(), self.metrics)
         try:
             self.scheduler.submit(request, gen.on_tokens, gen.on_done)
