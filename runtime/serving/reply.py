@@ -53,7 +53,7 @@ class Reply:
         with self.lock:
             if self.closed or self.done[i] is not None:
                 return
-            if self._client_gone():
+            if getattr(self.sender, "is_cancelled", lambda: False)():  # the client went away
                 LOG.info("request %s cancelled by the client after %d tokens", self.request_id, len(live.tokens))
                 self._close(None)
                 return
@@ -72,10 +72,6 @@ class Reply:
             self._row_done(i, live)
 
     # ------------------------------------------------------------------ responses (lock held)
-    def _client_gone(self) -> bool:
-        is_cancelled = getattr(self.sender, "is_cancelled", None)
-        return bool(is_cancelled and is_cancelled())
-
     def _row(self, i: int, live: Sequence, final: bool) -> dict[str, Any]:
         """Row i's outputs by name (`requests.OUTPUTS`; the optional ones where asked for)."""
         opts = self.rows[i][1]

@@ -15,7 +15,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from runtime.engine import LLMEngine, Request, Sequence
@@ -35,7 +35,7 @@ class Job:
     on_done: Callable[[Sequence | None, str | None], None]  # (finished state, None) or (None, error)
     deadline: float
     live: Sequence | None = None
-    sent: int = field(default=0)  # tokens already reported through on_tokens
+    sent: int = 0  # tokens already reported through on_tokens
 
 
 class Scheduler:
@@ -162,7 +162,11 @@ class Scheduler:
                 self._running.remove(job)
                 _finish(job, job.live, None)
             elif len(job.live.tokens) > job.sent:
-                _report(job)
+                try:
+                    job.on_tokens(job.live)
+                except Exception:
+                    LOG.exception("streaming callback failed for %s", job.request.request_id)
+                job.sent = len(job.live.tokens)
 
     def _drop(self, job: Job, error: str) -> None:
         if job.live is not None:
@@ -170,14 +174,6 @@ class Scheduler:
         if job in self._running:
             self._running.remove(job)
         _finish(job, None, error)
-
-
-def _report(job: Job) -> None:
-    try:
-        job.on_tokens(job.live)
-    except Exception:
-        LOG.exception("streaming callback failed for %s", job.request.request_id)
-    job.sent = len(job.live.tokens)
 
 
 def _finish(job: Job, live: Sequence | None, error: str | None) -> None:

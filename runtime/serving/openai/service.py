@@ -94,7 +94,8 @@ class Service:
         self.created = int(time.time())
         self.metrics = ServerMetrics()
         self.scheduler = Scheduler(self.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
-        self.metrics.track(lambda: self.scheduler.num_queued, lambda: self.scheduler.num_running)
+        self.metrics.queue_depth.set_function(lambda: self.scheduler.num_queued)
+        self.metrics.running.set_function(lambda: self.scheduler.num_running)
         self.draining = False
         self._stopper: threading.Thread | None = None
 
