@@ -31,7 +31,6 @@ class Reply:
     def __init__(self, scheduler: Scheduler, tokenizer: Any, pad_id: int, sender: Any,
                  rows: list[tuple[Request, ResponseOptions]], request_id: str) -> None:
         self.scheduler, self.pad_id, self.sender, self.rows = scheduler, pad_id, sender, rows
-        self.ids = [req.request_id for req, _ in rows]
         self.done: list[Sequence | None] = [None] * len(rows)  # each finished row
         self.texts = [TextStream(tokenizer, "" if o.stream or o.exclude_input else o.prompt) for _, o in rows]
         self.sent = [(0, 0)] * len(rows)  # streaming: (tokens, rounds) already sent
@@ -109,9 +108,9 @@ class Reply:
         """Stop every row still running and end the request: with `message` as its error, or
         (client gone) with a bare final flag, which Triton needs to release the request."""
         self.closed = True
-        for i, rid in enumerate(self.ids):
-            if self.done[i] is None:
-                self.scheduler.cancel(rid)
+        for (req, _), done in zip(self.rows, self.done):
+            if done is None:
+                self.scheduler.cancel(req.request_id)
         if message is not None:
             send_error(self.sender, message)
             return

@@ -38,7 +38,7 @@ CLIENT_GONE = 499  # status recorded for a client that disconnected (nginx's con
 def create_app(service: Service) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service.start()
+        service.scheduler.start()
         yield
         await asyncio.to_thread(service.close)
 

@@ -48,21 +48,20 @@ class Generation:
         self._delivered = self._rounds = 0
 
     # --- scheduler thread
-    def on_tokens(self, live: Any) -> None:
+    def on_tokens(self, live: Any, finish_reason: str | None = None) -> None:
         self._account(live)
-        self._put(Update(list(live.tokens), logprobs=list(live.logprobs), top_logprobs=list(live.top_logprobs)))
+        self._put(Update(list(live.tokens), finish_reason is not None, finish_reason, logprobs=list(live.logprobs),
+                         top_logprobs=list(live.top_logprobs)))
 
     def on_done(self, live: Any, error: str | None) -> None:
         if live is None:
             self.metrics.finished.labels("cancelled" if self.cancelled else "error").inc()
             self._put(Update([], True, None, error or "request failed"))
             return
-        self._account(live)
         reason = FINISH_REASONS[live.finish_reason]
         self.metrics.finished.labels(reason).inc()
         self.metrics.e2e.observe(time.monotonic() - self._arrival)
-        self._put(Update(list(live.tokens), True, reason, logprobs=list(live.logprobs),
-                         top_logprobs=list(live.top_logprobs)))
+        self.on_tokens(live, reason)
 
     def _account(self, live: Any) -> None:
         now, new = time.monotonic(), len(live.tokens) - self._delivered
@@ -102,9 +101,6 @@ class Service:
     @property
     def context_window(self) -> int:
         return self.engine.context_window
-
-    def start(self) -> None:
-        self.scheduler.start()
 
     def begin_shutdown(self) -> None:
         """Stop admission now; in-flight requests get `shutdown_grace_s` to finish (returns at once)."""
