@@ -79,8 +79,9 @@ class Scheduler:
             self._queue.append(Job(request, on_tokens, on_done, time.monotonic() + self.timeout_s))
             self._cv.notify()
 
-    def shutdown(self, grace_s: float) -> None:
-        """Finish or fail every request explicitly; returns when the loop has exited.
+    def shutdown(self, grace_s: float, wait: bool = True) -> None:
+        """Finish or fail every request explicitly; returns when the loop has exited (`wait`) or
+        at once (the loop then finishes in-flight work within `grace_s`).
 
         Idempotent: a second call only waits for the loop.
         """
@@ -93,7 +94,7 @@ class Scheduler:
             self._cv.notify()
         for job in queued:
             _finish(job, None, "server shutting down: request was still queued")
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join(grace_s + 30.0)
 
     # ------------------------------------------------------------------ loop

@@ -9,7 +9,6 @@ records the metrics on the way.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,7 +95,6 @@ class Service:
         self.metrics.queue_depth.set_function(lambda: self.scheduler.num_queued)
         self.metrics.running.set_function(lambda: self.scheduler.num_running)
         self.draining = False
-        self._stopper: threading.Thread | None = None
 
     @property
     def context_window(self) -> int:
@@ -104,11 +102,8 @@ class Service:
 
     def begin_shutdown(self) -> None:
         """Stop admission now; in-flight requests get `shutdown_grace_s` to finish (returns at once)."""
-        if self._stopper is None:
-            self.draining = True
-            self._stopper = threading.Thread(target=self.scheduler.shutdown, args=(self.cfg.shutdown_grace_s,),
-                                             name="cast-drain", daemon=True)
-            self._stopper.start()
+        self.draining = True
+        self.scheduler.shutdown(self.cfg.shutdown_grace_s, wait=False)
 
     def close(self) -> None:
         """Blocking: drain (if not begun) and wait for the scheduler loop to exit."""
