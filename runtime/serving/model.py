@@ -46,8 +46,7 @@ class TritonPythonModel:
         self.engine = self.built.engine
         tokenizer, eos = self.engine.tokenizer, self.engine.eos_token_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-        cfg = self.cfg
-        self.scheduler = Scheduler(self.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
+        self.scheduler = Scheduler(self.engine, self.cfg.max_batch, self.cfg.max_queue, self.cfg.request_timeout_s)
         self.scheduler.start()
         self._count = 0
         drain_file = os.environ.get("CAST_DRAIN_FILE")  # runtime.serving.server.DRAIN_ENV

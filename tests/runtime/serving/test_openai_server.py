@@ -18,7 +18,8 @@ pytest.importorskip("uvicorn")
 
 from runtime.engine import Request  # noqa: E402
 from runtime.serving.cli import serve  # noqa: E402
-from runtime.serving.openai.app import render_chat, tokenize  # noqa: E402
+from runtime.serving.openai.app import render_chat  # noqa: E402
+from runtime.serving.requests import tokenize  # noqa: E402
 from tests.runtime.serving.openai_server import running  # noqa: E402
 from tests.runtime.serving.tiny_model import tiny_config  # noqa: E402
 
