@@ -49,20 +49,16 @@ def random_drafter(
     mask_token_id: int = 0,
     init_std: float = 0.02,
     intermediate_size: int | None = None,
-    rope_theta: float | None = None,
-    extra: dict | None = None,
     draft_vocab_ids: torch.Tensor | None = None,
 ) -> DFlashDrafter:
     """An untrained drafter shaped for `target` (weights ~ N(0, init_std), norms = 1).
 
     Its proposals are nearly useless (acceptance near zero); it exists to exercise the
-    runtime and as a starting point for training. MLP width and RoPE (theta and scaling)
-    default to the target's; `extra` goes to config.json as is.
-    `draft_vocab_ids` ([Vd] sorted target ids) gives the head a reduced draft vocabulary.
+    runtime and as a starting point for training. MLP width and RoPE default to the
+    target's. `draft_vocab_ids` ([Vd] sorted target ids) gives the head a reduced draft vocabulary.
     """
-    dvs = None if draft_vocab_ids is None else int(draft_vocab_ids.numel())
-    optional = {"extra": extra, "draft_vocab_size": dvs}
-    ids = list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(target.num_layers, num_layers)
+    if target_layer_ids is None:
+        target_layer_ids = default_target_layer_ids(target.num_layers, num_layers)
     cfg = DrafterConfig(
         hidden_size=target.hidden_size,
         num_attention_heads=target.num_heads,
@@ -73,24 +69,35 @@ def random_drafter(
         vocab_size=target.vocab_size,
         block_size=block_size,
         mask_token_id=mask_token_id,
-        target_layer_ids=tuple(ids),
+        target_layer_ids=tuple(target_layer_ids),
         rms_norm_eps=target.rms_norm_eps,
-        rope_theta=target.rope_theta if rope_theta is None else rope_theta,
+        rope_theta=target.rope_theta,
         rope_scaling=target.rope_scaling,
         num_target_layers=target.num_layers,
-        **{k: v for k, v in optional.items() if v is not None},
+        draft_vocab_size=None if draft_vocab_ids is None else int(draft_vocab_ids.numel()),
     )
     cfg.check_fits(target)
-    drafter = DFlashDrafter(cfg)
+    drafter = _initialised(DFlashDrafter(cfg), {}, seed, init_std)
+    if draft_vocab_ids is not None:
+        drafter.d2t.copy_(d2t_from_ids(draft_vocab_ids.sort().values))
+    return drafter
+
+
+@torch.no_grad()
+def _initialised(drafter: DFlashDrafter, keep: dict[str, torch.Tensor], seed: int, init_std: float) -> DFlashDrafter:
+    """Parameters in `keep` copied; the rest random N(0, init_std) (CPU generator), norms 1, and,
+    when growing a head (`keep` given), new `o_proj` / `mlp.down_proj` zero: the new residual
+    branches add nothing until training moves them."""
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, init_std, generator=gen)
-        if draft_vocab_ids is not None:
-            drafter.d2t.copy_(d2t_from_ids(draft_vocab_ids.sort().values))
+    for name, param in drafter.named_parameters():
+        if name in keep:
+            param.copy_(keep[name])
+        elif name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif keep and name.endswith(("o_proj.weight", "down_proj.weight")):
+            param.zero_()
+        else:
+            param.copy_(torch.randn(param.shape, generator=gen) * init_std)
     return drafter.eval().requires_grad_(False)
 
 
@@ -123,22 +130,10 @@ def with_layers(drafter: DFlashDrafter, num_layers: int, seed: int = 0, init_std
     if num_layers <= have:
         raise ValueError(f"with_layers grows a head: it has {have} layers, asked for {num_layers} (pass more)")
     cfg = dataclasses.replace(drafter.config, num_hidden_layers=num_layers, extra=dict(drafter.config.extra))
-    grown = DFlashDrafter(cfg).to(next(drafter.parameters()).device)
-    gen = torch.Generator().manual_seed(seed)
-    state = drafter.state_dict()
-    with torch.no_grad():
-        for name, param in grown.named_parameters():
-            if name in state:
-                param.copy_(state[name])
-            elif name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                param.zero_()
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * init_std)
-        if drafter.d2t is not None:
-            grown.d2t.copy_(drafter.d2t)
-    return grown.eval().requires_grad_(False)
+    grown = _initialised(DFlashDrafter(cfg).to(next(drafter.parameters()).device), drafter.state_dict(), seed, init_std)
+    if drafter.d2t is not None:
+        grown.d2t.copy_(drafter.d2t)
+    return grown
 
 
 def save_drafter(drafter: DFlashDrafter, directory: str | Path) -> None:

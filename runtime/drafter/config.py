@@ -124,10 +124,8 @@ class DrafterConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        raw = {k: v for k, v in asdict(self).items() if k not in ("extra", "mask_token_id", "target_layer_ids")}
-        for optional in ("num_target_layers", "draft_vocab_size"):
-            if raw[optional] is None:
-                del raw[optional]
+        raw = {k: v for k, v in asdict(self).items() if k not in ("extra", "mask_token_id", "target_layer_ids")
+               and not (v is None and k in ("num_target_layers", "draft_vocab_size"))}
         raw["rope_scaling"] = dict(self.rope_scaling) or None
         defaults = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
                     "attention_bias": False, "tie_word_embeddings": False}

@@ -31,7 +31,8 @@ from runtime.model.layers import GatedMLP, RMSNorm, apply_rope
 class DrafterAttention(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
@@ -92,8 +93,9 @@ class DFlashDrafter(nn.Module):
         block_embeds: [T, H] target embeddings of one or more blocks [b, mask…] laid end
         to end; rope: cos, sin [T, d] at each row's absolute position. `cache.write(layer,
         k, v)` stores the block rows and returns the keys/values each row may see (context
-        ∪ block: training's in-memory context, `drafter_builder.blocks.ContextKV`); `backend` attends (no mask inside a block). Returns the final-normed
-        hidden states of all T rows [T, H]; slot 0 of each block is the root (drop it).
+        ∪ block: training's in-memory context, `drafter_builder.blocks.ContextKV`); `backend`
+        attends (no mask inside a block). Returns the final-normed hidden states of all T
+        rows [T, H]; slot 0 of each block is the root (drop it).
         """
         h = block_embeds
         for i, layer in enumerate(self.layers):

@@ -28,7 +28,8 @@ def ids_from_d2t(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(d2t.numel(), device=d2t.device) + d2t.long()
 
 
-def frequent_ids(token_lists: Iterable[torch.Tensor], vocab_size: int, size: int, always: Iterable[int] = ()) -> torch.Tensor:
+def frequent_ids(token_lists: Iterable[torch.Tensor], vocab_size: int, size: int,
+                 always: Iterable[int] = ()) -> torch.Tensor:
     """The `size` most frequent ids of `token_lists` (ties: lower id), plus `always`
     (e.g. EOS), sorted ascending: [size] int64."""
     if not 1 <= size <= vocab_size:

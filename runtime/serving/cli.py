@@ -67,12 +67,21 @@ def _absolute(path: str) -> str:
               help="Wrap text_input in the tokenizer's chat template.")
 @click.option("--decoupled/--no-decoupled", default=False, show_default=True,
               help="Streaming mode: one response per decoding round (gRPC stream / generate_stream).")
-def triton_repo(out: str, decoupled: bool, **settings) -> None:
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Triton instance_group count: model instances (each its own engine) per GPU, or on the CPU.")
+@click.option("--kind", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="Triton instance_group kind.")
+@click.option("--gpus", default="", help="--kind gpu: comma-separated GPU ids (default: every visible GPU).")
+def triton_repo(out: str, decoupled: bool, instances: int, kind: str, gpus: str, **settings) -> None:
     """Write a Triton Inference Server model repository serving batched CAST."""
-    from runtime.serving.repo import write_repo
+    from runtime.serving.repo import InstanceGroup, write_repo
 
     cfg = serving_config(**settings)
-    model_dir = write_repo(out, cfg, decoupled)
+    try:
+        group = InstanceGroup(instances, kind, tuple(int(g) for g in gpus.split(",") if g.strip()))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--instances/--kind/--gpus") from err
+    model_dir = write_repo(out, cfg, decoupled, instances=group)
     click.echo(f"wrote {model_dir}/config.pbtxt and {model_dir}/1/model.py "
                f"({'decoupled streaming' if decoupled else 'single response'} mode)")
 

@@ -61,8 +61,8 @@ class ServingConfig:
         values, spec = {}, {}
         for key, raw in params.items():
             text = raw["string_value"] if isinstance(raw, dict) else str(raw)
-            if key.startswith(SPEC_PREFIX) and key[len(SPEC_PREFIX):] in spec_types:
-                name = key[len(SPEC_PREFIX):]
+            name = key.removeprefix(SPEC_PREFIX)
+            if key.startswith(SPEC_PREFIX) and name in spec_types:
                 spec[name] = _parse(key, text, spec_types[name])
             elif key in own:
                 values[key] = _parse(key, text, own[key])

@@ -46,8 +46,7 @@ class TritonPythonModel:
         self.engine = self.built.engine
         tokenizer, eos = self.engine.tokenizer, self.engine.eos_token_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-        cfg = self.cfg
-        self.scheduler = Scheduler(self.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
+        self.scheduler = Scheduler(self.engine, self.cfg.max_batch, self.cfg.max_queue, self.cfg.request_timeout_s)
         self.scheduler.start()
         self._count = 0
         drain_file = os.environ.get("CAST_DRAIN_FILE")  # runtime.serving.server.DRAIN_ENV
@@ -66,8 +65,7 @@ class TritonPythonModel:
         rows = split_batch({t.name(): t.as_numpy() for t in request.inputs()})
         engine, tokenizer, chat = self.engine, self.engine.tokenizer, self.cfg.chat
         parsed = [parse_request(f"{request_id}/{i}", row, self.cfg, lambda text: self.built.encode(text, chat),
-                                engine.context_window, engine.target.config.vocab_size,
-                                lambda word: list(tokenizer(word, add_special_tokens=False).input_ids))
+                                engine.context_window, engine.target.config.vocab_size, tokenizer)
                   for i, row in enumerate(rows)]
         if any(o.stream for _, o in parsed):
             if not self.decoupled:

@@ -12,20 +12,23 @@ len(tokens) == 1 + sum(accept_lengths).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence as Seq
 
 import numpy as np
 
+from runtime.serving.requests import OUTPUTS
+
 REPLACEMENT = "\ufffd"  # what a decoder prints for an incomplete UTF-8 sequence
+NUMPY_TYPES = {"STRING": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
 
 
-def spec_stats(live: Any) -> tuple[float, int, int]:
-    """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens) of a sequence's rounds
+def spec_stats(live: Any) -> dict[str, float | int]:
+    """acceptance_rate, total_accepted_draft_tokens and total_draft_tokens of a sequence's rounds
     (`budgets`: tree size N per round; `drafted`: whether the round drafted)."""
     drafted = sum(n for n, d in zip(live.budgets, live.drafted) if d)
     accepted = sum(a - 1 for a, d in zip(live.accept_lengths, live.drafted) if d)
-    return (accepted / drafted if drafted else 0.0), accepted, drafted
+    return {"acceptance_rate": accepted / drafted if drafted else 0.0, "total_accepted_draft_tokens": accepted,
+            "total_draft_tokens": drafted}
 
 
 class TextStream:
@@ -58,20 +61,6 @@ class TextStream:
         return out
 
 
-@dataclass(slots=True)
-class RowOutput:
-    """One batch row of a response."""
-
-    text: str
-    ids: list[int]
-    accept_lengths: list[int]
-    finish_reason: str
-    stats: tuple[float, int, int]
-    num_input_tokens: int | None = None  # None: not asked for
-    num_output_tokens: int | None = None
-    times_ns: tuple[int, int, int] | None = None  # arrival, first token, last token (perf metrics)
-
-
 def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
     width = max((len(r) for r in rows), default=0)
     out = np.full((len(rows), width), pad, dtype=np.int32)
@@ -80,25 +69,18 @@ def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
     return out
 
 
-def response_arrays(rows: list[RowOutput], pad_id: int) -> dict[str, np.ndarray]:
-    """Output tensors [batch, ...] of one response; optional outputs only where asked for."""
-    def column(values, dtype) -> np.ndarray:
-        return np.array(values, dtype=dtype).reshape(len(rows), 1)
-
-    out = {
-        "text_output": column([r.text.encode("utf-8") for r in rows], np.object_),
-        "acceptance_rate": column([r.stats[0] for r in rows], np.float32),
-        "total_accepted_draft_tokens": column([r.stats[1] for r in rows], np.int32),
-        "total_draft_tokens": column([r.stats[2] for r in rows], np.int32),
-        "output_ids": _padded([r.ids for r in rows], pad_id),
-        "accept_lengths": _padded([r.accept_lengths for r in rows], 0),
-        "finish_reason": column([r.finish_reason.encode() for r in rows], np.object_),
-    }
-    if all(r.num_input_tokens is not None for r in rows):
-        out["num_input_tokens"] = column([r.num_input_tokens for r in rows], np.int32)
-    if all(r.num_output_tokens is not None for r in rows):
-        out["num_output_tokens"] = column([r.num_output_tokens for r in rows], np.int32)
-    if all(r.times_ns is not None for r in rows):
-        for j, name in enumerate(("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")):
-            out[name] = column([r.times_ns[j] for r in rows], np.int64)
+def response_arrays(rows: list[dict[str, Any]], pad_id: int) -> dict[str, np.ndarray]:
+    """Output tensors [batch, ...] of one response from each row's {output name: value}: the
+    `OUTPUTS` every row holds (optional ones only where asked for); token lists are padded
+    (output_ids with `pad_id`, accept_lengths with 0)."""
+    out = {}
+    for spec in OUTPUTS:
+        values = [r[spec.name] for r in rows if spec.name in r]
+        if len(values) < len(rows):
+            continue
+        if isinstance(values[0], list):
+            out[spec.name] = _padded(values, pad_id if spec.name == "output_ids" else 0)
+        else:
+            values = [v.encode("utf-8") if isinstance(v, str) else v for v in values]
+            out[spec.name] = np.array(values, dtype=NUMPY_TYPES[spec.dtype]).reshape(len(rows), 1)
     return out

@@ -9,6 +9,7 @@ response with every row, or one error that ends the request. A client that went 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from runtime.engine import Request, Sequence
-from runtime.serving.outputs import RowOutput, TextStream, response_arrays, spec_stats
+from runtime.serving.outputs import TextStream, response_arrays, spec_stats
 from runtime.serving.requests import ResponseOptions
 from runtime.serving.scheduler import Overloaded, Scheduler
 
@@ -30,7 +31,6 @@ class Reply:
     def __init__(self, scheduler: Scheduler, tokenizer: Any, pad_id: int, sender: Any,
                  rows: list[tuple[Request, ResponseOptions]], request_id: str) -> None:
         self.scheduler, self.pad_id, self.sender, self.rows = scheduler, pad_id, sender, rows
-        self.ids = [req.request_id for req, _ in rows]
         self.done: list[Sequence | None] = [None] * len(rows)  # each finished row
         self.texts = [TextStream(tokenizer, "" if o.stream or o.exclude_input else o.prompt) for _, o in rows]
         self.sent = [(0, 0)] * len(rows)  # streaming: (tokens, rounds) already sent
@@ -41,56 +41,52 @@ class Reply:
     def submit(self) -> None:
         for i, (req, _) in enumerate(self.rows):
             try:
-                self.scheduler.submit(req, self._on_tokens(i), self._on_done(i))
+                self.scheduler.submit(req, functools.partial(self._on_tokens, i), functools.partial(self._on_done, i))
             except Overloaded as err:
                 with self.lock:  # rows already queued are cancelled
                     self._close(str(err))
                 return
 
     # ------------------------------------------------------------------ scheduler callbacks
-    def _on_tokens(self, i: int):
-        def on_tokens(live) -> None:
-            with self.lock:
-                if self.closed or self.done[i] is not None:
-                    return
-                if self._client_gone():
-                    LOG.info("request %s cancelled by the client after %d tokens", self.request_id, len(live.tokens))
-                    self._close(None)
-                    return
-                self.first_ns[i] = self.first_ns[i] or time.time_ns()
-                if self.rows[i][1].stream and len(live.tokens) > self.sent[i][0]:
-                    self._send([self._row(i, live, final=False)], final=False)
-        return on_tokens
+    def _on_tokens(self, i: int, live: Sequence) -> None:
+        with self.lock:
+            if self.closed or self.done[i] is not None:
+                return
+            if getattr(self.sender, "is_cancelled", lambda: False)():  # the client went away
+                LOG.info("request %s cancelled by the client after %d tokens", self.request_id, len(live.tokens))
+                self._close(None)
+                return
+            self.first_ns[i] = self.first_ns[i] or time.time_ns()
+            if self.rows[i][1].stream and len(live.tokens) > self.sent[i][0]:
+                self._send([self._row(i, live, final=False)], final=False)
 
-    def _on_done(self, i: int):
-        def on_done(live, error: str | None) -> None:
-            with self.lock:
-                if self.closed or self.done[i] is not None:
-                    return
-                if error is not None:
-                    self._close(error)
-                    return
-                self.first_ns[i] = self.first_ns[i] or time.time_ns()
-                self._row_done(i, live)
-        return on_done
+    def _on_done(self, i: int, live: Sequence | None, error: str | None) -> None:
+        with self.lock:
+            if self.closed or self.done[i] is not None:
+                return
+            if error is not None:
+                self._close(error)
+                return
+            self.first_ns[i] = self.first_ns[i] or time.time_ns()
+            self._row_done(i, live)
 
     # ------------------------------------------------------------------ responses (lock held)
-    def _client_gone(self) -> bool:
-        is_cancelled = getattr(self.sender, "is_cancelled", None)
-        return bool(is_cancelled and is_cancelled())
-
-    def _row(self, i: int, live: Sequence, final: bool) -> RowOutput:
+    def _row(self, i: int, live: Sequence, final: bool) -> dict[str, Any]:
+        """Row i's outputs by name (`requests.OUTPUTS`; the optional ones where asked for)."""
         opts = self.rows[i][1]
         tokens, rounds = self.sent[i]
         self.sent[i] = (len(live.tokens), len(live.accept_lengths)) if opts.stream else (0, 0)
-        return RowOutput(
-            text=self.texts[i].piece(live.tokens, final), ids=list(live.tokens[tokens:]),
-            accept_lengths=list(live.accept_lengths[rounds:]),
-            finish_reason=(live.finish_reason or "") if final else "", stats=spec_stats(live),
-            num_input_tokens=len(live.request.prompt_ids) if opts.num_input_tokens else None,
-            num_output_tokens=len(live.tokens) if opts.num_output_tokens else None,
-            times_ns=(self.arrival_ns, self.first_ns[i], time.time_ns()) if opts.perf_metrics else None,
-        )
+        row = {"text_output": self.texts[i].piece(live.tokens, final), **spec_stats(live),
+               "output_ids": list(live.tokens[tokens:]), "accept_lengths": list(live.accept_lengths[rounds:]),
+               "finish_reason": (live.finish_reason or "") if final else ""}
+        if opts.num_input_tokens:
+            row["num_input_tokens"] = len(live.request.prompt_ids)
+        if opts.num_output_tokens:
+            row["num_output_tokens"] = len(live.tokens)
+        if opts.perf_metrics:
+            times = (self.arrival_ns, self.first_ns[i], time.time_ns())
+            row.update(zip(("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"), times))
+        return row
 
     def _row_done(self, i: int, live: Sequence) -> None:
         self.done[i] = live
@@ -98,7 +94,7 @@ class Reply:
             self._send([self._row(j, d, final=True) for j, d in enumerate(self.done)], final=True)
             self.closed = True
 
-    def _send(self, rows: list[RowOutput], final: bool) -> None:
+    def _send(self, rows: list[dict[str, Any]], final: bool) -> None:
         pad = next((o.pad_id for _, o in self.rows if o.pad_id is not None), self.pad_id)
         tensors = [pb_utils.Tensor(k, v) for k, v in response_arrays(rows, pad).items()]
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
@@ -112,9 +108,9 @@ class Reply:
         """Stop every row still running and end the request: with `message` as its error, or
         (client gone) with a bare final flag, which Triton needs to release the request."""
         self.closed = True
-        for i, rid in enumerate(self.ids):
-            if self.done[i] is None:
-                self.scheduler.cancel(rid)
+        for (req, _), done in zip(self.rows, self.done):
+            if done is None:
+                self.scheduler.cancel(req.request_id)
         if message is not None:
             send_error(self.sender, message)
             return

@@ -12,14 +12,13 @@ input; the model turns it into an error response for that request only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from cast_trtllm.sampling import SamplingParams
-from cast_trtllm.spec_config import METHODS, check_budget
+from cast_trtllm.spec_config import check_budget
 from runtime.engine import Request
 from runtime.serving.config import ServingConfig
 
@@ -183,8 +182,41 @@ def _words(inputs: dict[str, np.ndarray], name: str) -> tuple[str, ...]:
     return tuple(w for w in (_text(v) for v in inputs.get(name, np.zeros(0)).reshape(-1)) if w)
 
 
-def _flag(inputs: dict[str, np.ndarray], name: str) -> bool:
-    return bool(_scalar(inputs, name)) if name in inputs else False
+def _value(inputs: dict[str, np.ndarray], name: str, default: Any) -> Any:
+    return _scalar(inputs, name) if name in inputs else default
+
+
+def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts and bad words pass False:
+    a template already holds BOS etc., a word has none."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+
+class RequestError(ValueError):
+    """A refused request, naming its field (`param`) and an OpenAI error `code`."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def check_max_tokens(asked: int | None, prompt_len: int, cfg: ServingConfig, window: int) -> int:
+    """The max_tokens a request runs with (both APIs): `asked`, or the server's default cut to
+    what the context window leaves; RequestError when the prompt or max_tokens does not fit."""
+    room, limit = window - prompt_len, cfg.max_tokens_limit
+    if room < 1:
+        raise RequestError(f"the prompt has {prompt_len} tokens; the context window holds {window}: shorten it",
+                           "prompt", "context_length_exceeded")
+    if asked is None:
+        return min(cfg.default_max_tokens, room)
+    if not 1 <= asked <= limit:
+        raise RequestError(f"max_tokens={asked} is out of range: must be in [1, {limit}] (this server's limit)",
+                           "max_tokens")
+    if asked > room:
+        raise RequestError(f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window of "
+                           f"{window} tokens; shorten the prompt or lower max_tokens", "max_tokens",
+                           "context_length_exceeded")
+    return asked
 
 
 def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
@@ -205,57 +237,35 @@ def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, tempe
                    **processing)
 
 
-def parse_request(
-    request_id: str,
-    inputs: dict[str, np.ndarray],
-    cfg: ServingConfig,
-    encode: Callable[[str], list[int]],
-    context_window: int,
-    vocab_size: int,
-    encode_word: Callable[[str], list[int]],
-) -> tuple[Request, ResponseOptions]:
+def parse_request(request_id: str, inputs: dict[str, np.ndarray], cfg: ServingConfig,
+                  encode: Callable[[str], list[int]], context_window: int, vocab_size: int,
+                  tokenizer: Any) -> tuple[Request, ResponseOptions]:
     """Validate one batch row's tensors and tokenize its prompt (`encode`) and bad words
-    (`encode_word`: no special tokens, no chat template)."""
+    (no special tokens, no chat template). The engine `Request` checks the rest (e.g.
+    method, min_tokens) with messages that name the field."""
     _check_types(inputs)
     prompt = _text(_scalar(inputs, "text_input"))
     if not prompt.strip():
         raise ValueError("input 'text_input' is empty: send a non-empty prompt")
-    max_tokens = int(_scalar(inputs, "max_tokens")) if "max_tokens" in inputs else cfg.default_max_tokens
-    if not 1 <= max_tokens <= cfg.max_tokens_limit:
-        raise ValueError(f"max_tokens={max_tokens} is out of range: must be in [1, {cfg.max_tokens_limit}]")
-    stops = _words(inputs, "stop_words")
-    bad_words = tuple(tuple(encode_word(w)) for w in _words(inputs, "bad_words"))
+    bad_words = tuple(tuple(tokenize(tokenizer, w, False)) for w in _words(inputs, "bad_words"))
     if any(not w for w in bad_words):
         raise ValueError(f"input 'bad_words'={list(_words(inputs, 'bad_words'))} holds a word with no tokens")
-    min_tokens = int(_scalar(inputs, "min_tokens")) if "min_tokens" in inputs else 0
-    if min_tokens < 0:
-        raise ValueError(f"input 'min_tokens'={min_tokens} must be >= 0 (output tokens before an end id may end it)")
-    method = _text(_scalar(inputs, "method")).strip().lower() if "method" in inputs else None
-    if method is not None and method not in METHODS:
-        raise ValueError(f"method={method!r} is not one of {METHODS}")
-    budget = None
-    if "budget" in inputs:
-        budget = check_budget(_text(_scalar(inputs, "budget")).strip().lower(), "input 'budget'")
+    method, budget = _value(inputs, "method", None), _value(inputs, "budget", None)
+    if budget is not None:
+        budget = check_budget(_text(budget).strip().lower(), "input 'budget'")
     end_id = _token_id(inputs, "end_id", vocab_size, allow_none=True)
-    temperature = float(_scalar(inputs, "temperature")) if "temperature" in inputs else 0.0
-    top_p = float(_scalar(inputs, "top_p")) if "top_p" in inputs else 1.0
-    if not math.isfinite(temperature) or not math.isfinite(top_p):
-        raise ValueError(f"temperature ({temperature}) and top_p ({top_p}) must be finite numbers")
-    options = ResponseOptions(
-        prompt=prompt, stream=_flag(inputs, "stream"), exclude_input=_flag(inputs, "exclude_input_in_output"),
-        pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False),
-        num_input_tokens=_flag(inputs, "return_num_input_tokens"),
-        num_output_tokens=_flag(inputs, "return_num_output_tokens"), perf_metrics=_flag(inputs, "return_perf_metrics"),
-    )
+    flags = {name: bool(_value(inputs, key, False)) for name, key in (
+        ("stream", "stream"), ("exclude_input", "exclude_input_in_output"), ("perf_metrics", "return_perf_metrics"),
+        ("num_input_tokens", "return_num_input_tokens"), ("num_output_tokens", "return_num_output_tokens"))}
+    options = ResponseOptions(prompt, pad_id=_token_id(inputs, "pad_id", vocab_size, allow_none=False), **flags)
     ids = encode(prompt)
-    if len(ids) + max_tokens > context_window:
-        raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window of "
-            f"{context_window} tokens; shorten the prompt or lower max_tokens"
-        )
-    top_k = int(_scalar(inputs, "top_k")) if "top_k" in inputs else 0
-    seed = int(_scalar(inputs, "seed")) if "seed" in inputs else None
-    request = build_request(request_id, ids, max_tokens, temperature, top_p, top_k, seed, stops, method, budget,
+    asked = _value(inputs, "max_tokens", None)
+    max_tokens = check_max_tokens(None if asked is None else int(asked), len(ids), cfg, context_window)
+    seed = _value(inputs, "seed", None)
+    request = build_request(request_id, ids, max_tokens, float(_value(inputs, "temperature", 0.0)),
+                            float(_value(inputs, "top_p", 1.0)), int(_value(inputs, "top_k", 0)),
+                            None if seed is None else int(seed), _words(inputs, "stop_words"),
+                            None if method is None else _text(method).strip().lower(), budget,
                             eos_token_ids=None if end_id is None else () if end_id == -1 else (end_id,),
-                            min_tokens=min_tokens, bad_words=bad_words)
+                            min_tokens=int(_value(inputs, "min_tokens", 0)), bad_words=bad_words)
     return request, options

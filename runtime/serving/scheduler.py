@@ -15,7 +15,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from runtime.engine import LLMEngine, Request, Sequence
@@ -35,7 +35,7 @@ class Job:
     on_done: Callable[[Sequence | None, str | None], None]  # (finished state, None) or (None, error)
     deadline: float
     live: Sequence | None = None
-    sent: int = field(default=0)  # tokens already reported through on_tokens
+    sent: int = 0  # tokens already reported through on_tokens
 
 
 class Scheduler:
@@ -79,8 +79,9 @@ class Scheduler:
             self._queue.append(Job(request, on_tokens, on_done, time.monotonic() + self.timeout_s))
             self._cv.notify()
 
-    def shutdown(self, grace_s: float) -> None:
-        """Finish or fail every request explicitly; returns when the loop has exited.
+    def shutdown(self, grace_s: float, wait: bool = True) -> None:
+        """Finish or fail every request explicitly; returns when the loop has exited (`wait`) or
+        at once (the loop then finishes in-flight work within `grace_s`).
 
         Idempotent: a second call only waits for the loop.
         """
@@ -93,7 +94,7 @@ class Scheduler:
             self._cv.notify()
         for job in queued:
             _finish(job, None, "server shutting down: request was still queued")
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join(grace_s + 30.0)
 
     # ------------------------------------------------------------------ loop
@@ -121,7 +122,8 @@ class Scheduler:
                 self._admit(job)
             self._round()
         for job in list(self._running):
-            self._drop(job, "server shutting down: request aborted (it did not finish within the shutdown grace period)")
+            self._drop(job, "server shutting down: request aborted (it did not finish within the shutdown grace "
+                            "period)")
 
     def _expire(self, queued: list[Job]) -> None:
         now = time.monotonic()
@@ -161,7 +163,11 @@ class Scheduler:
                 self._running.remove(job)
                 _finish(job, job.live, None)
             elif len(job.live.tokens) > job.sent:
-                _report(job)
+                try:
+                    job.on_tokens(job.live)
+                except Exception:
+                    LOG.exception("streaming callback failed for %s", job.request.request_id)
+                job.sent = len(job.live.tokens)
 
     def _drop(self, job: Job, error: str) -> None:
         if job.live is not None:
@@ -169,14 +175,6 @@ class Scheduler:
         if job in self._running:
             self._running.remove(job)
         _finish(job, None, error)
-
-
-def _report(job: Job) -> None:
-    try:
-        job.on_tokens(job.live)
-    except Exception:
-        LOG.exception("streaming callback failed for %s", job.request.request_id)
-    job.sent = len(job.live.tokens)
 
 
 def _finish(job: Job, live: Sequence | None, error: str | None) -> None:

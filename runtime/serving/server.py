@@ -29,61 +29,7 @@ from pathlib import Path
 
 import runtime
 
-
-def pytriton_dist() -> Path:
-    try:
-        import pytriton
-    except ImportError as err:
-        raise RuntimeError("tritonserver comes from the nvidia-pytriton wheel: pip install nvidia-pytriton") from err
-    return Path(pytriton.__file__).resolve().parent
-
-
-def prepare_backends(workdir: Path) -> Path:
-    """`<workdir>/backends/python/` with the wheel's Python backend and this Python's stub."""
-    dist = pytriton_dist() / "tritonserver"
-    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        raise RuntimeError(f"nvidia-pytriton ships no Python-backend stub for Python {version}")
-    python = workdir / "backends" / "python"
-    python.mkdir(parents=True, exist_ok=True)
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        link = python / name
-        if not link.exists():
-            link.symlink_to(dist / "backends" / "python" / name)
-    if not (python / stub.name).exists():
-        shutil.copy2(stub, python / stub.name)  # a copy, as pytriton does
-    return workdir / "backends"
-
-
 DRAIN_ENV = "CAST_DRAIN_FILE"  # the model drains (finish or fail in-flight) once this file exists
-
-
-def server_env(drain_file: Path | None = None) -> dict[str, str]:
-    env = os.environ.copy()
-    if drain_file is not None:
-        env[DRAIN_ENV] = str(drain_file)
-    libs = [sysconfig.get_config_var("LIBDIR"), str(pytriton_dist().parent / "nvidia_pytriton.libs")]
-    env["LD_LIBRARY_PATH"] = ":".join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    root = str(Path(runtime.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = ":".join([root, env.get("PYTHONPATH", "")]).rstrip(":")
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    return env
-
-
-def server_command(repo: Path, backends: Path, http_port: int, grpc_port: int, host: str = "127.0.0.1",
-                   exit_timeout_s: int = 30) -> list[str]:
-    return [
-        str(pytriton_dist() / "tritonserver" / "bin" / "tritonserver"),
-        f"--model-repository={repo}",
-        f"--backend-directory={backends}",
-        f"--http-address={host}", f"--http-port={http_port}",
-        f"--grpc-address={host}", f"--grpc-port={grpc_port}",
-        "--allow-metrics=false",
-        f"--exit-timeout-secs={exit_timeout_s}",
-        "--strict-readiness=true",
-        "--log-verbose=0",
-    ]
 
 
 class TritonServer:
@@ -107,15 +53,44 @@ class TritonServer:
         return f"{self.host}:{self.grpc_port}"
 
     def start(self) -> "TritonServer":
-        backends = prepare_backends(self.workdir)
-        cmd = server_command(self.repo, backends, self.http_port, self.grpc_port, self.host, self.exit_timeout_s)
+        try:
+            import pytriton
+        except ImportError as err:
+            raise RuntimeError("tritonserver comes from the nvidia-pytriton wheel: "
+                               "pip install nvidia-pytriton") from err
+        dist = Path(pytriton.__file__).resolve().parent
+        cmd = [str(dist / "tritonserver" / "bin" / "tritonserver"), f"--model-repository={self.repo}",
+               f"--backend-directory={self._prepare_backends(dist / 'tritonserver')}",
+               f"--http-address={self.host}", f"--http-port={self.http_port}",
+               f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}", "--allow-metrics=false",
+               f"--exit-timeout-secs={self.exit_timeout_s}", "--strict-readiness=true", "--log-verbose=0"]
+        env = os.environ.copy()
+        env[DRAIN_ENV] = str(self.drain_file)
+        libs = [sysconfig.get_config_var("LIBDIR"), str(dist.parent / "nvidia_pytriton.libs")]
+        env["LD_LIBRARY_PATH"] = ":".join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+        root = str(Path(runtime.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = ":".join([root, env.get("PYTHONPATH", "")]).rstrip(":")
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
         self.drain_file.unlink(missing_ok=True)
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            cmd, env=server_env(self.drain_file), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
         return self
+
+    def _prepare_backends(self, dist: Path) -> Path:
+        """`<workdir>/backends/python/` with the wheel's Python backend and this Python's stub."""
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise RuntimeError(f"nvidia-pytriton ships no Python-backend stub for Python {version}")
+        python = self.workdir / "backends" / "python"
+        python.mkdir(parents=True, exist_ok=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            if not (python / name).exists():
+                (python / name).symlink_to(dist / "backends" / "python" / name)
+        if not (python / stub.name).exists():
+            shutil.copy2(stub, python / stub.name)  # a copy, as pytriton does
+        return python.parent
 
     def ready(self) -> bool:
         try:

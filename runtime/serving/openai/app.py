@@ -21,13 +21,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 
+from runtime.engine import Request as EngineRequest
 from runtime.serving.openai.errors import APIError, install_handlers
 from runtime.serving.openai.metrics import RequestCounter
 from runtime.serving.openai.responses import LogprobStream, ResponseFormat
 from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from runtime.serving.openai.service import Generation, Service, Update
 from runtime.serving.outputs import TextStream
-from runtime.serving.requests import build_request
+from runtime.serving.requests import RequestError, build_request, check_max_tokens, tokenize
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 MAX_CHARS_PER_TOKEN = 32  # prompts longer than this × the context window are refused before tokenizing
@@ -37,7 +38,7 @@ CLIENT_GONE = 499  # status recorded for a client that disconnected (nginx's con
 def create_app(service: Service) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service.start()
+        service.scheduler.start()
         yield
         await asyncio.to_thread(service.close)
 
@@ -69,7 +70,7 @@ def create_app(service: Service) -> FastAPI:
         else:
             vocab = service.engine.target.config.vocab_size
             if any(not 0 <= t < vocab for t in prompt):
-                raise APIError(400, f"prompt holds token ids outside [0, {vocab})", "prompt", "invalid_value")
+                raise RequestError(f"prompt holds token ids outside [0, {vocab})", "prompt")
             ids = list(prompt)
         return await _serve(service, body, ids, f"cmpl-{uuid.uuid4().hex}", request, chat=False)
 
@@ -78,8 +79,7 @@ def create_app(service: Service) -> FastAPI:
         _check(service, body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         if not any(m["content"].strip() for m in messages):
-            raise APIError(400, "messages hold no text: send at least one non-empty message", "messages",
-                           "invalid_value")
+            raise RequestError("messages hold no text: send at least one non-empty message", "messages")
         text = render_chat(service.tokenizer, messages)
         ids = _tokenize(service, text, add_special_tokens=False)
         return await _serve(service, body, ids, f"chatcmpl-{uuid.uuid4().hex}", request, chat=True)
@@ -98,16 +98,10 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
-def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts pass False: the template
-    already holds BOS etc."""
-    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
-
-
 def _check(service: Service, body: GenerationRequest) -> None:
     problem = body.unsupported()
     if problem is not None:
-        raise APIError(400, problem[1], problem[0], "unsupported_parameter")
+        raise RequestError(problem[1], problem[0], "unsupported_parameter")
     if body.model != service.model_name:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{service.model_name}`",
                        "model", "model_not_found")
@@ -115,57 +109,36 @@ def _check(service: Service, body: GenerationRequest) -> None:
 
 def _tokenize(service: Service, text: str, add_special_tokens: bool) -> list[int]:
     if not text.strip():
-        raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
+        raise RequestError("the prompt is empty: send a non-empty prompt", "prompt")
     if len(text) > MAX_CHARS_PER_TOKEN * service.context_window:
-        raise APIError(400, f"the prompt ({len(text)} characters) is far longer than the context window of "
-                            f"{service.context_window} tokens", "prompt", "context_length_exceeded")
+        raise RequestError(f"the prompt ({len(text)} characters) is far longer than the context window of "
+                           f"{service.context_window} tokens", "prompt", "context_length_exceeded")
     return tokenize(service.tokenizer, text, add_special_tokens)
 
 
-def _max_tokens(service: Service, body: GenerationRequest, prompt_len: int) -> int:
-    window, limit = service.context_window, service.cfg.max_tokens_limit
-    room = window - prompt_len
-    if room < 1:
-        raise APIError(400, f"the prompt has {prompt_len} tokens; the context window holds {window}: shorten it",
-                       "prompt", "context_length_exceeded")
-    asked = body.requested_max_tokens()
-    if asked is None:
-        return min(service.cfg.default_max_tokens, room)
-    if asked > limit:
-        raise APIError(400, f"max_tokens={asked} is over this server's limit of {limit}", "max_tokens",
-                       "invalid_value")
-    if asked > room:
-        raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window of "
-                            f"{window} tokens; shorten the prompt or lower max_tokens", "max_tokens",
-                       "context_length_exceeded")
-    return asked
-
-
-def _processing(service: Service, body: GenerationRequest, max_tokens: int) -> dict:
-    """The engine's processing fields of a request (`Request` keywords); 400 naming a bad one."""
-    vocab = service.engine.target.config.vocab_size
+def _engine_request(service: Service, body: GenerationRequest, ids: list[int], request_id: str) -> EngineRequest:
+    """The engine request of a validated body and its prompt ids; RequestError naming a bad field."""
+    if not ids:
+        raise RequestError("the prompt is empty: send a non-empty prompt", "prompt")
+    max_tokens = check_max_tokens(body.requested_max_tokens(), len(ids), service.cfg, service.context_window)
     if body.min_tokens > max_tokens:
-        raise APIError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}", "min_tokens",
-                       "invalid_value")
-    stop_ids = tuple(body.stop_token_ids or ())
+        raise RequestError(f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}", "min_tokens")
+    vocab, stop_ids = service.engine.target.config.vocab_size, tuple(body.stop_token_ids or ())
     if any(t >= vocab for t in stop_ids):
-        raise APIError(400, f"stop_token_ids holds ids outside [0, {vocab})", "stop_token_ids", "invalid_value")
+        raise RequestError(f"stop_token_ids holds ids outside [0, {vocab})", "stop_token_ids")
     bad = tuple(tuple(tokenize(service.tokenizer, w, add_special_tokens=False)) for w in body.bad_words or ())
-    return dict(min_tokens=body.min_tokens, stop_token_ids=stop_ids, bad_words=bad, ignore_eos=body.ignore_eos,
-                logprobs=body.top_logprobs_asked())
+    try:
+        return build_request(request_id, ids, max_tokens, body.temperature, body.top_p, max(body.top_k, 0),
+                             body.seed, body.stop_strings(), body.cast.method, body.cast.budget,
+                             min_tokens=body.min_tokens, stop_token_ids=stop_ids, bad_words=bad,
+                             ignore_eos=body.ignore_eos, logprobs=body.top_logprobs_asked())
+    except ValueError as err:
+        raise RequestError(str(err)) from err
 
 
 async def _serve(service: Service, body: GenerationRequest, ids: list[int], request_id: str, request: Request,
                  chat: bool) -> Response:
-    if not ids:
-        raise APIError(400, "the prompt is empty: send a non-empty prompt", "prompt", "invalid_value")
-    stops, max_tokens = body.stop_strings(), _max_tokens(service, body, len(ids))
-    try:
-        engine_request = build_request(request_id, ids, max_tokens, body.temperature, body.top_p,
-                                       max(body.top_k, 0), body.seed, stops, body.cast.method, body.cast.budget,
-                                       **_processing(service, body, max_tokens))
-    except ValueError as err:
-        raise APIError(400, str(err), None, "invalid_value") from err
+    engine_request, stops = _engine_request(service, body, ids, request_id), body.stop_strings()
     gen = service.submit(engine_request)
     logprobs = None if body.top_logprobs_asked() is None else LogprobStream(service.tokenizer, chat)
     fmt = ResponseFormat(request_id, service.model_name, int(time.time()), chat, len(ids), logprobs)

@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from runtime.serving.requests import RequestError
+
 RETRY_AFTER_S = 1  # what 429 / 503 tell a client to wait before retrying
 
 # status -> OpenAI error type
@@ -56,6 +58,10 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError) -> JSONResponse:
         return err.response()
+
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, err: RequestError) -> JSONResponse:
+        return APIError(400, str(err), err.param, err.code).response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:

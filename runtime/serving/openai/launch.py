@@ -35,15 +35,12 @@ class DrainingServer(uvicorn.Server):
 
 
 def build_service(cfg: ServingConfig, model_name: str | None = None) -> Service:
-    """Load the models a ServingConfig names (the one engine build of the server)."""
+    """Load the models a ServingConfig names (the one engine build of the server). The default
+    name clients send is the target's label without its annotation ("SmolLM2-135M-Instruct
+    (Q4_1 gguf, dequantized)" -> "SmolLM2-135M-Instruct")."""
     built = cfg.build()
-    return Service(built.engine, cfg, model_name or default_model_name(built.models.name))
-
-
-def default_model_name(label: str) -> str:
-    """The name clients send: the target's label without its annotation
-    ("SmolLM2-135M-Instruct (Q4_1 gguf, dequantized)" -> "SmolLM2-135M-Instruct")."""
-    return label.split(" (")[0].strip() or label
+    label = built.models.name
+    return Service(built.engine, cfg, model_name or label.split(" (")[0].strip() or label)
 
 
 def serve(service: Service, host: str, port: int, log_level: str = "info") -> None:

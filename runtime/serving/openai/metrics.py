@@ -9,7 +9,7 @@ the tree budget N of each round.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -46,10 +46,6 @@ class ServerMetrics:
         self.budget = Histogram("cast_budget_per_round", "Tree budget N (nonroot nodes) of each round.",
                                 buckets=BUDGET_BUCKETS, registry=r)
         self._totals = [0, 0, 0]  # rounds, drafted rounds, committed tokens (for the two gauges)
-
-    def track(self, num_queued: Callable[[], int], num_running: Callable[[], int]) -> None:
-        self.queue_depth.set_function(num_queued)
-        self.running.set_function(num_running)
 
     def record_rounds(self, accept_lengths: list[int], budgets: list[int], drafted_flags: list[bool]) -> None:
         """New rounds of one request: committed tokens, tree budget N and whether it drafted, per round."""

@@ -104,7 +104,6 @@ class CompletionRequest(GenerationRequest):
         return self.prompt
 
     def top_logprobs_asked(self) -> int | None:
-        """Top entries per token of the logprobs asked for (None: no logprobs)."""
         return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -144,7 +143,6 @@ class ChatCompletionRequest(GenerationRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def top_logprobs_asked(self) -> int | None:
-        """Top entries per token of the logprobs asked for (None: no logprobs)."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def unsupported(self) -> tuple[str, str] | None:

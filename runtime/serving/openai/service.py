@@ -9,7 +9,6 @@ records the metrics on the way.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from runtime.engine import LLMEngine, Request
 from runtime.serving.config import ServingConfig
 from runtime.serving.openai.errors import APIError
 from runtime.serving.openai.metrics import ServerMetrics
+from runtime.serving.requests import RequestError
 from runtime.serving.scheduler import Overloaded, Scheduler
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine → OpenAI
@@ -47,21 +47,20 @@ class Generation:
         self._delivered = self._rounds = 0
 
     # --- scheduler thread
-    def on_tokens(self, live: Any) -> None:
+    def on_tokens(self, live: Any, finish_reason: str | None = None) -> None:
         self._account(live)
-        self._put(Update(list(live.tokens), logprobs=list(live.logprobs), top_logprobs=list(live.top_logprobs)))
+        self._put(Update(list(live.tokens), finish_reason is not None, finish_reason, logprobs=list(live.logprobs),
+                         top_logprobs=list(live.top_logprobs)))
 
     def on_done(self, live: Any, error: str | None) -> None:
         if live is None:
             self.metrics.finished.labels("cancelled" if self.cancelled else "error").inc()
             self._put(Update([], True, None, error or "request failed"))
             return
-        self._account(live)
         reason = FINISH_REASONS[live.finish_reason]
         self.metrics.finished.labels(reason).inc()
         self.metrics.e2e.observe(time.monotonic() - self._arrival)
-        self._put(Update(list(live.tokens), True, reason, logprobs=list(live.logprobs),
-                         top_logprobs=list(live.top_logprobs)))
+        self.on_tokens(live, reason)
 
     def _account(self, live: Any) -> None:
         now, new = time.monotonic(), len(live.tokens) - self._delivered
@@ -93,24 +92,18 @@ class Service:
         self.created = int(time.time())
         self.metrics = ServerMetrics()
         self.scheduler = Scheduler(self.engine, cfg.max_batch, cfg.max_queue, cfg.request_timeout_s)
-        self.metrics.track(lambda: self.scheduler.num_queued, lambda: self.scheduler.num_running)
+        self.metrics.queue_depth.set_function(lambda: self.scheduler.num_queued)
+        self.metrics.running.set_function(lambda: self.scheduler.num_running)
         self.draining = False
-        self._stopper: threading.Thread | None = None
 
     @property
     def context_window(self) -> int:
         return self.engine.context_window
 
-    def start(self) -> None:
-        self.scheduler.start()
-
     def begin_shutdown(self) -> None:
         """Stop admission now; in-flight requests get `shutdown_grace_s` to finish (returns at once)."""
-        if self._stopper is None:
-            self.draining = True
-            self._stopper = threading.Thread(target=self.scheduler.shutdown, args=(self.cfg.shutdown_grace_s,),
-                                             name="cast-drain", daemon=True)
-            self._stopper.start()
+        self.draining = True
+        self.scheduler.shutdown(self.cfg.shutdown_grace_s, wait=False)
 
     def close(self) -> None:
         """Blocking: drain (if not begun) and wait for the scheduler loop to exit."""
@@ -123,7 +116,7 @@ class Service:
         try:  # method / budget this engine cannot run: the client's error, before queueing
             self.engine.check_request(request)
         except ValueError as err:
-            raise APIError(400, str(err), param="cast", code="invalid_value") from err
+            raise RequestError(str(err), "cast") from err
         gen = Generation(request.request_id, asyncio.get_running_loop(), self.metrics)
         try:
             self.scheduler.submit(request, gen.on_tokens, gen.on_done)

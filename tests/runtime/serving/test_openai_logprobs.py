@@ -15,7 +15,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from runtime.engine import Request  # noqa: E402
-from runtime.serving.openai.app import render_chat, tokenize  # noqa: E402
+from runtime.serving.openai.app import render_chat  # noqa: E402
+from runtime.serving.requests import tokenize  # noqa: E402
 from tests.runtime.serving.openai_server import running  # noqa: E402
 from tests.runtime.serving.test_openai_server import CFG, MODEL  # noqa: E402
 

@@ -18,7 +18,8 @@ pytest.importorskip("uvicorn")
 
 from runtime.engine import Request  # noqa: E402
 from runtime.serving.cli import serve  # noqa: E402
-from runtime.serving.openai.app import render_chat, tokenize  # noqa: E402
+from runtime.serving.openai.app import render_chat  # noqa: E402
+from runtime.serving.requests import tokenize  # noqa: E402
 from tests.runtime.serving.openai_server import running  # noqa: E402
 from tests.runtime.serving.tiny_model import tiny_config  # noqa: E402
 
@@ -134,7 +135,7 @@ def test_sixteen_concurrent_requests_all_complete_with_their_alone_output(client
     ({"model": MODEL, "prompt": [1, 320]}, 400, "prompt", "outside [0, 320)"),
     ({"model": MODEL, "prompt": "x" * 600}, 400, "prompt", "context window"),  # 512 tokens
     ({"model": MODEL, "prompt": "x" * 480, "max_tokens": 60}, 400, "max_tokens", "context window"),
-    ({"model": MODEL, "prompt": "x", "max_tokens": 65}, 400, "max_tokens", "limit of 64"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": 65}, 400, "max_tokens", "must be in [1, 64]"),
     ({"model": MODEL, "prompt": "x", "stop": [""]}, 400, "stop", "non-empty"),
     ({"model": MODEL, "prompt": "x", "cast": {"method": "beam"}}, 400, "cast.method", "Input should be"),
     ({"model": MODEL, "prompt": "x", "cast": {"budget": 999}}, 400, "cast", "budget"),

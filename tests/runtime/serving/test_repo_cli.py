@@ -30,3 +30,12 @@ def test_bad_llm_api_options_name_the_field(tmp_path):
     result = CliRunner().invoke(triton_repo, ["--out", str(tmp_path / "repo"), "--extra-llm-api-options", options])
     assert result.exit_code == 2 and "speculative_config.decoding_type" in result.output
     assert not (tmp_path / "repo").exists()
+
+
+def test_instance_group_flags_reach_config_pbtxt_and_bad_ones_are_refused(tmp_path):
+    args = ["--out", str(tmp_path / "repo"), "--instances", "2", "--kind", "gpu", "--gpus", "0,1"]
+    assert CliRunner().invoke(triton_repo, args).exit_code == 0
+    config = (tmp_path / "repo" / "ensemble" / "config.pbtxt").read_text()
+    assert "count: 2\n    kind: KIND_GPU\n    gpus: [ 0, 1 ]" in config
+    result = CliRunner().invoke(triton_repo, ["--out", str(tmp_path / "bad"), "--gpus", "0"])
+    assert result.exit_code == 2 and "a GPU list needs instance kind 'gpu'" in result.output

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.loader import encode_prompt
 from runtime.serving.config import ServingConfig
-from runtime.serving.outputs import RowOutput, TextStream, response_arrays, spec_stats
+from runtime.serving.outputs import TextStream, response_arrays, spec_stats
 from runtime.serving.repo import InstanceGroup, config_pbtxt
 from runtime.serving.requests import INPUTS, OUTPUTS, parse_request, split_batch
 from tests.runtime.hf_checkpoints import VOCAB, tiny_tokenizer
@@ -43,8 +43,7 @@ UPSTREAM_OUTPUTS = {"text_output": ("STRING", (-1,)), "acceptance_rate": ("FP32"
 
 def parse(**inputs):
     tok = tiny_tokenizer()
-    return parse_request("r", inputs, CFG, lambda text: encode_prompt(tok, text, chat=False), 64, VOCAB,
-                         lambda word: tok(word, add_special_tokens=False).input_ids)
+    return parse_request("r", inputs, CFG, lambda text: encode_prompt(tok, text, chat=False), 64, VOCAB, tok)
 
 
 def s(*texts: str) -> np.ndarray:
@@ -78,12 +77,12 @@ def test_inputs_and_outputs_carry_tensorrt_llm_ensemble_names_types_and_dims():
     (dict(text_input=HELLO, top_p=np.array([1.5], np.float32)), "top_p must be in"),
     (dict(text_input=HELLO, top_k=i32(-2)), "top_k must be"),
     (dict(text_input=HELLO, budget=s("lots")), "input 'budget' must be 'auto' or an integer"),
-    (dict(text_input=HELLO, method=s("beam")), "method='beam' is not one of"),
+    (dict(text_input=HELLO, method=s("beam")), "method must be one of"),
     (dict(text_input=HELLO, end_id=i32(VOCAB)), f"input 'end_id'={VOCAB} is not a token id"),
     (dict(text_input=HELLO, pad_id=i32(-1)), "input 'pad_id'=-1 is not a token id"),
     (dict(text_input=HELLO, beam_width=i32(2)), "input 'beam_width'=2 is not supported: beam search"),
     (dict(text_input=HELLO, num_return_sequences=i32(3)), "'num_return_sequences'=3 is not supported"),
-    (dict(text_input=HELLO, min_tokens=i32(-1)), "input 'min_tokens'=-1 must be >= 0"),
+    (dict(text_input=HELLO, min_tokens=i32(-1)), "min_tokens must be >= 0, got -1"),
     (dict(text_input=HELLO, repetition_penalty=np.array([1.2], np.float32)), "'repetition_penalty'=1.2"),
     (dict(text_input=HELLO, return_log_probs=np.array([True])), "'return_log_probs'=True is not supported"),
     (dict(text_input=HELLO, decoder_text_input=s("x")), "encoder-decoder models"),
@@ -133,8 +132,11 @@ def live(tokens, accept, budgets):
 
 def test_spec_metrics_count_draft_tokens_of_drafted_rounds_and_accepted_ones_without_the_bonus():
     # (3-1) + (2-1) accepted of 6 + 4 drafted; none of none
-    assert spec_stats(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4])) == (pytest.approx(3 / 10), 3, 10)
-    assert spec_stats(live([5], [], [])) == (0.0, 0, 0)
+    stats = spec_stats(live([5, 6, 7, 8, 9, 10, 11], [3, 1, 2], [6, 0, 4]))
+    assert stats == {"acceptance_rate": pytest.approx(3 / 10), "total_accepted_draft_tokens": 3,
+                     "total_draft_tokens": 10}
+    assert spec_stats(live([5], [], [])) == {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0,
+                                             "total_draft_tokens": 0}
 
 
 def test_end_id_min_tokens_and_bad_words_become_the_engine_requests_processing():
@@ -156,8 +158,11 @@ def test_text_pieces_hold_back_incomplete_characters_and_join_to_the_full_text()
 
 
 def test_response_arrays_have_a_batch_dimension_and_pad_ragged_rows():
-    rows = [RowOutput("ab", [1, 2, 3], [2], "length", (0.5, 1, 2), num_output_tokens=3),
-            RowOutput("c", [4], [], "eos", (0.0, 0, 0), num_output_tokens=1)]
+    stats = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 1, "total_draft_tokens": 2}
+    rows = [{"text_output": "ab", "output_ids": [1, 2, 3], "accept_lengths": [2], "finish_reason": "length", **stats,
+             "num_output_tokens": 3},
+            {"text_output": "c", "output_ids": [4], "accept_lengths": [], "finish_reason": "eos", **stats,
+             "num_output_tokens": 1, "num_input_tokens": 2}]
     out = response_arrays(rows, pad_id=9)
     assert out["text_output"].shape == (2, 1) and out["output_ids"].tolist() == [[1, 2, 3], [4, 9, 9]]
     assert out["accept_lengths"].tolist() == [[2], [0]] and out["num_output_tokens"].tolist() == [[3], [1]]
