@@ -14,6 +14,7 @@ from cast_trtllm.sampling import SamplingParams
 from perf.datasets import NAMED_SETS, load_dataset
 from perf.harness import MethodSpec, run_bench
 from perf.report import build_report
+from runtime.options import model_options, option_group, spec_options
 
 _OPTIONS = [
     click.option("--dataset", required=True,
@@ -37,11 +38,13 @@ _OPTIONS = [
 ]
 
 
-def run_options(fn):
-    """The options every mode takes (datasets, budget, sampling, output)."""
-    for option in reversed(_OPTIONS):
-        fn = option(fn)
-    return fn
+run_options = option_group(_OPTIONS)
+
+
+def bench_mode(fn):
+    """What every mode takes: the run options above, the engine's (`runtime.options` model and
+    speculative options), and its click context (`command_line` reads it)."""
+    return run_options(model_options(spec_options(click.pass_context(fn))))
 
 
 def domains(text: str) -> list[str]:
@@ -51,6 +54,17 @@ def domains(text: str) -> list[str]:
 def domain_label(dataset: str) -> str:
     """A named set as is; a JSONL file by its stem (the report's and page's domain key)."""
     return Path(dataset).stem if dataset.endswith(".jsonl") else dataset
+
+
+def ints(text: str, flag: str) -> list[int]:
+    """A comma list of positive integers, or a ValueError naming `flag`."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} {text!r}: expected positive integers")
+    return values
 
 
 def load_requests(dataset: str, num_prompts: int | None, skip: int, max_new: int | None, data_dir: str | None):
