@@ -104,7 +104,7 @@ def ceiling_table(rows: list[dict[str, Any]]) -> str:
              f"{r['ceiling_draft_and_host_free']:.2f}x", f"{r['ceiling_draft_free']:.2f}x",
              "-" if r["measured_auto"] is None else f"{r['measured_auto']:.2f}x"] for r in rows]
     if rows:
-        body.append(["**mean**", "", "", "", *(mean([r[k] for r in rows]) for k in
-                                                ("ceiling_draft_and_host_free", "ceiling_draft_free", "measured_auto"))])
+        keys = ("ceiling_draft_and_host_free", "ceiling_draft_free", "measured_auto")
+        body.append(["**mean**", "", "", "", *(mean([r[k] for r in rows]) for k in keys)])
     return md_table(["domain", "AR ms/tok", "best N", "R at that N", "ceiling, draft + host free",
                      "ceiling, draft free", "cast:auto measured"], body)
