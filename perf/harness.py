@@ -50,6 +50,15 @@ class MethodSpec:
             return f"cast:{self.budget}"
         return "cast:auto" if self.draft_gate else "cast:auto-ungated"
 
+    def request_options(self) -> dict[str, Any]:
+        """The `runtime.engine.Request` overrides that run this method (best-first:W: `cast` auto, gate
+        off, under the caller's shared W x B width rule)."""
+        if self.method == "best-first":
+            return {"method": "cast", "budget": "auto", "draft_gate": False}
+        auto = self.method == "cast" and self.budget is None
+        return {"method": self.method, "budget": "auto" if auto else self.budget,
+                "draft_gate": self.draft_gate if auto else None}
+
     @property
     def label(self) -> str:
         if self.relaxed is None:

@@ -59,12 +59,7 @@ def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple
 
 def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
     """One greedy `ignore_eos` request per prompt, with the method's per-request overrides."""
-    if spec.method == "best-first":
-        return [Request(tuple(p), max_new, method="cast", budget="auto", draft_gate=False, ignore_eos=True)
-                for p in prompts]
-    auto = spec.method == "cast" and spec.budget is None
-    return [Request(tuple(p), max_new, method=spec.method, budget="auto" if auto else spec.budget,
-                    draft_gate=spec.draft_gate if auto else None, ignore_eos=True) for p in prompts]
+    return [Request(tuple(p), max_new, ignore_eos=True, **spec.request_options()) for p in prompts]
 
 
 def serve_method(engine: LLMEngine, spec: MethodSpec, prompts, max_new: int, concurrency: int):
