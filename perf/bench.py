@@ -26,11 +26,13 @@ import sys
 
 import click
 
-from perf.datasets import DatasetError
+from perf.bench_backends import backends
+from perf.bench_tree import tree
+from perf.datasets import DatasetError, load_dataset
 from perf.harness import MethodSpec, parse_methods
 from perf.peers import PEERS, PeerUnavailable
-from perf.run import (bench_mode, command_line, domain_label, domains, finish, ints, run_domain, split_options,
-                      write_outputs)
+from perf.run import (bench_mode, command_line, domain_label, domains, finish, ints, option_words, run_domain,
+                      split_options, write_outputs)
 from perf.session import load_session
 
 PEER_HELP = "Peers run greedy at B = 1: hf (transformers generate, fp32), dflash (z-lab reference chain)."
@@ -159,7 +161,6 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
     from perf import throughput as tp
     from perf.page import throughput_page
     from perf.report import machine_info
-    from perf.run import load_requests, option_words
 
     params, engine = split_options(kwargs)
     server = None
@@ -170,10 +171,10 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
             raise ValueError("--methods: list ar first (every ratio is to it); peers run in latency mode only")
         if params["temperature"] or params["stop_at_eos"]:
             raise ValueError("throughput runs greedy with EOS ignored: drop --temperature / --stop-at-eos")
-        pools = {domain_label(name): load_requests(name, params["num_prompts"], params["skip_prompts"],
-                                                   params["max_new_tokens"], params["data_dir"])
+        pools = {domain_label(name): load_dataset(name, params["num_prompts"], params["max_new_tokens"],
+                                                  params["data_dir"], params["skip_prompts"])
                  for name in domains(params["dataset"])}
-        max_new = {d: params["max_new_tokens"] or rs[0].output_tokens for d, rs in pools.items()}
+        max_new = {d: rs[0].output_tokens for d, rs in pools.items()}  # --max-new-tokens, else the first row's
         if via == "openai":
             for spec in specs:  # a method the server cannot run is refused before it starts
                 tp.cast_options(spec)
@@ -204,15 +205,8 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
     finish(report, throughput_page(report, params["out"]), params)
 
 
-def _register() -> None:
-    from perf.bench_backends import backends
-    from perf.bench_tree import tree
-
-    for command in (tree, backends):
-        bench.add_command(command)
-
-
-_register()
+for command in (tree, backends):
+    bench.add_command(command)
 
 if __name__ == "__main__":
     sys.exit(bench())

@@ -206,19 +206,22 @@ def load_dataset(
     num_prompts: int | None = None,
     output_tokens: int | None = None,
     data_dir: str | Path | None = None,
+    skip: int = 0,
 ) -> list[Request]:
     """A dataset FILE (trtllm-bench JSONL) or a NAME from `NAMED_SETS`.
 
     `output_tokens`, when given, overrides every request's budget (same budget for every
-    method); `num_prompts` keeps the first requests.
+    method); `num_prompts` keeps the first requests, of which the first `skip` are dropped.
     """
     if spec in NAMED_SETS:
-        return named_requests(spec, num_prompts, output_tokens or DEFAULT_OUTPUT_TOKENS, data_dir)
-    path = Path(spec)
-    if not path.is_file():
+        requests = named_requests(spec, num_prompts, output_tokens or DEFAULT_OUTPUT_TOKENS, data_dir)
+    elif not Path(spec).is_file():
         raise DatasetError(f"--dataset {spec!r} is neither a file nor a named set ({sorted(NAMED_SETS)})")
-    _check_count(num_prompts)
-    requests = read_requests(path)[:num_prompts]
-    if output_tokens is not None:
-        requests = [Request(r.task_id, output_tokens, r.prompt, r.input_ids) for r in requests]
-    return requests
+    else:
+        _check_count(num_prompts)
+        requests = read_requests(spec)[:num_prompts]
+        if output_tokens is not None:
+            requests = [Request(r.task_id, output_tokens, r.prompt, r.input_ids) for r in requests]
+    if skip >= len(requests):
+        raise DatasetError(f"--skip-prompts {skip} leaves none of the {len(requests)} prompts of {spec}")
+    return requests[skip:]

@@ -20,13 +20,9 @@ def _plot_path(out: str | None, suffix: str) -> Path | None:
     return stem.with_name(f"{stem.name}{suffix}.png")
 
 
-def _machine(report: dict[str, Any]) -> tuple[dict, dict]:
-    first = next(iter(report["domains"].values()))
-    return report.get("machine") or first["machine"], report.get("engine") or first["engine"]
-
-
 def _header(title: str, report: dict[str, Any]) -> list[str]:
-    machine, engine = _machine(report)
+    first = next(iter(report["domains"].values()))  # a latency report keeps them per domain
+    machine, engine = report.get("machine") or first["machine"], report.get("engine") or first["engine"]
     lines = [f"# {title}", "", "Reproduce:", "", "```bash", report["command"], "```", "",
              f"Machine: {machine.get('cpu_model')}, {machine.get('cpu_count')} cores, {machine.get('torch_threads')} "
              f"torch thread(s); {machine.get('platform')}; torch {machine.get('torch')}."]

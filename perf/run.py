@@ -67,18 +67,11 @@ def ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def load_requests(dataset: str, num_prompts: int | None, skip: int, max_new: int | None, data_dir: str | None):
-    requests = load_dataset(dataset, num_prompts, max_new, data_dir)
-    if skip >= len(requests):
-        raise ValueError(f"--skip-prompts {skip} leaves none of the {len(requests)} prompts of {dataset}")
-    return requests[skip:]
-
-
 def run_domain(session: Any, dataset: str, specs: Sequence[MethodSpec], params: dict[str, Any],
                settings: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """One domain, every method interleaved per prompt -> (trtllm-bench-shaped report, BenchRun)."""
-    requests = load_requests(dataset, params["num_prompts"], params["skip_prompts"], params["max_new_tokens"],
-                             params["data_dir"])
+    requests = load_dataset(dataset, params["num_prompts"], params["max_new_tokens"], params["data_dir"],
+                            params["skip_prompts"])
     bench = run_bench(requests, specs, session, session.encode,
                       SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"],
                       after_warmup=session.round_parts_ms)  # the warm-up's rounds are not tallied
