@@ -116,8 +116,7 @@ def write_outputs(out: str | None, report: dict[str, Any], page: str) -> list[Pa
     return paths
 
 
-RUN_KEYS = ("dataset", "num_prompts", "skip_prompts", "max_new_tokens", "data_dir", "temperature", "seed",
-            "stop_at_eos", "no_chat", "no_progress", "out", "as_json")
+RUN_KEYS = {p.name for p in run_options(lambda: None).__click_params__}  # the names of `_OPTIONS`
 
 
 def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
