@@ -26,13 +26,14 @@ import sys
 
 import click
 
-from perf.datasets import DatasetError
+from perf.bench_backends import backends
+from perf.bench_tree import tree
+from perf.datasets import DatasetError, load_dataset
 from perf.harness import MethodSpec, parse_methods
 from perf.peers import PEERS, PeerUnavailable
-from perf.run import (command_line, domain_label, domains, finish, run_domain, run_options, split_options,
-                      write_outputs)
+from perf.run import (bench_mode, command_line, domain_label, domains, finish, ints, option_words, run_domain,
+                      split_options, write_outputs)
 from perf.session import load_session
-from runtime.options import model_options, spec_options
 
 PEER_HELP = "Peers run greedy at B = 1: hf (transformers generate, fp32), dflash (z-lab reference chain)."
 
@@ -40,10 +41,6 @@ PEER_HELP = "Peers run greedy at B = 1: hf (transformers generate, fp32), dflash
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
     """trtllm-bench-style runs: latency (B = 1), throughput (concurrency sweep), sweep (CAST widths)."""
-
-
-def _fail(err: Exception) -> click.ClickException:
-    return click.ClickException(str(err))
 
 
 def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[list[MethodSpec], dict[str, str]]:
@@ -58,32 +55,17 @@ def check_peers(session, specs: list[MethodSpec], prompt: list[int]) -> tuple[li
     return [s for s in specs if s.method not in gaps], gaps
 
 
-@bench.command()
-@click.option("--methods", default="ar,chain,cast:auto,dflash,hf", show_default=True,
-              help="Comma list of ar, chain, cast[:N|auto|auto-ungated], and peers hf, dflash. " + PEER_HELP)
-@click.option("--relaxed", default=None, metavar="NAME:ALPHA",
-              help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
-@click.option("--round-parts", is_flag=True,
-              help="Also time the parts of the engine's decode rounds in place (feature cache, draft, trees, "
-                   "verify, commit), ms per round per method.")
-@click.option("--peer-threads", type=click.IntRange(1), default=1, show_default=True,
-              help="torch threads of the peers' process. 1: on a shared 2-core CPU torch at 2 threads ran them "
-                   "4-15x slower under others' load (perf/peers.py).")
-@run_options
-@model_options
-@spec_options
-@click.pass_context
-def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: bool, peer_threads: int,
-            **kwargs) -> None:
-    """Decode ms/token, speedup over AR, R, TTFT and time split per method, one request at a time."""
+def run_latency(ctx: click.Context, specs: list[MethodSpec], kwargs: dict, relaxed: str | None = None,
+                round_parts: bool = False, peer_threads: int = 1, budgets: list[int] | None = None) -> None:
+    """`latency` and `sweep` (its `budgets`: Table 2 per domain): one domain after another, every
+    method interleaved per prompt; the report and page are rewritten as each domain ends."""
     from perf.page import latency_page
+    from perf.sweep import sweep_table
 
     params, engine = split_options(kwargs)
     session = None
     try:
-        specs, rule = parse_methods(methods), None
-        if any(s.method == "best-first" for s in specs):
-            raise ValueError("--methods: best-first:W shares a budget over a batch: run it in throughput mode")
+        rule = None
         if relaxed is not None:
             from perf.relaxed_eval import parse_relaxed
 
@@ -97,11 +79,11 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: 
             session.time_round_parts()
         specs, gaps = check_peers(session, specs, session.encode("Hello"))
         peers = {} if session.peers is None else session.peers.describe()
-        report = {"mode": "latency", "command": command_line(ctx), "peers": {s.method: peers[s.method] for s in specs
-                                                                             if s.method in PEERS},
-                  "peer_gaps": gaps, "domains": {}}
+        report = {"mode": ctx.info_name, "command": command_line(ctx), "peer_gaps": gaps, "domains": {},
+                  "peers": {s.method: peers[s.method] for s in specs if s.method in PEERS}}
+        settings = {"mode": ctx.info_name} | ({} if budgets is None else {"budgets": budgets})
         for name in domains(params["dataset"]):
-            rep, run = run_domain(session, name, specs, params, {"mode": "latency"})
+            rep, run = run_domain(session, name, specs, params, settings)
             if rule is not None:
                 from perf.relaxed_eval import relaxed_blocks
 
@@ -109,13 +91,57 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: 
             rep["accept_lengths"] = {s.label: [R for r in run.runs[s.label] for R in r.result.accept_lengths]
                                      for s in specs if s.method != "ar"}
             report["domains"][domain_label(name)] = rep
+            if budgets is not None:
+                report.setdefault("sweep", {})[domain_label(name)] = sweep_table(rep["summary"], budgets)
             write_outputs(params["out"], report, latency_page(report, params["out"]))  # each domain kept as it ends
     except (ValueError, DatasetError) as err:
-        raise _fail(err) from None
+        raise click.ClickException(str(err)) from None
     finally:
         if session is not None and session.peers is not None:
             session.peers.close()
     finish(report, latency_page(report, params["out"]), params)
+
+
+@bench.command()
+@click.option("--methods", default="ar,chain,cast:auto,dflash,hf", show_default=True,
+              help="Comma list of ar, chain, cast[:N|auto|auto-ungated], and peers hf, dflash. " + PEER_HELP)
+@click.option("--relaxed", default=None, metavar="NAME:ALPHA",
+              help="LOSSY: also run every speculative method under this relaxed rule (needs --temperature > 0).")
+@click.option("--round-parts", is_flag=True,
+              help="Also time the parts of the engine's decode rounds in place (feature cache, draft, trees, "
+                   "verify, commit), ms per round per method.")
+@click.option("--peer-threads", type=click.IntRange(1), default=1, show_default=True,
+              help="torch threads of the peers' process. 1: on a shared 2-core CPU torch at 2 threads ran them "
+                   "4-15x slower under others' load (perf/peers.py).")
+@bench_mode
+def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: bool, peer_threads: int,
+            **kwargs) -> None:
+    """Decode ms/token, speedup over AR, R, TTFT and time split per method, one request at a time."""
+    try:
+        specs = parse_methods(methods)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    if any(s.method == "best-first" for s in specs):
+        raise click.ClickException("--methods: best-first:W shares a budget over a batch: run it in throughput mode")
+    run_latency(ctx, specs, kwargs, relaxed, round_parts, peer_threads)
+
+
+@bench.command()
+@click.option("--budgets", default="1,3,7,15,31,63", show_default=True, help="Comma list of CAST budgets N.")
+@click.option("--no-auto", is_flag=True, help="Skip cast:auto and cast:auto-ungated (no width profile needed).")
+@click.option("--no-ar", is_flag=True, help="Skip the autoregressive reference row.")
+@click.option("--no-ungated", is_flag=True, help="Skip cast:auto-ungated (the width policy without the draft gate).")
+@bench_mode
+def sweep(ctx: click.Context, budgets: str, no_auto: bool, no_ar: bool, no_ungated: bool, **kwargs) -> None:
+    """Width sweep (paper Table 2): `latency` over AR, chain and CAST at each budget N, sweep oracle vs
+    predicted auto width, and the ceiling the verify pass leaves (`perf.sweep`)."""
+    try:
+        ns = sorted(set(ints(budgets, "--budgets")))
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    specs = ([] if no_ar else [MethodSpec("ar")]) + [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns]
+    specs += [] if no_auto else [MethodSpec("cast", draft_gate=True)] + ([] if no_ungated else [MethodSpec("cast")])
+    run_latency(ctx, specs, kwargs, budgets=ns)
 
 
 @bench.command()
@@ -129,32 +155,26 @@ def latency(ctx: click.Context, methods: str, relaxed: str | None, round_parts: 
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per (concurrency, method) cell, method order rotated each time; the median run "
                    "(the slower middle one of an even count) is reported.")
-@run_options
-@model_options
-@spec_options
-@click.pass_context
+@bench_mode
 def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, repeats: int, **kwargs) -> None:
     """Tokens/s of each method at each concurrency (continuous batching), greedy, EOS ignored."""
     from perf import throughput as tp
     from perf.page import throughput_page
     from perf.report import machine_info
-    from perf.run import load_requests, option_words
 
     params, engine = split_options(kwargs)
     server = None
     try:
-        levels = [int(c) for c in concurrency.split(",")]
-        if not levels or min(levels) < 1:
-            raise ValueError(f"--concurrency {concurrency!r}: expected positive integers")
+        levels = ints(concurrency, "--concurrency")
         specs = parse_methods(methods)
         if specs[0].label != "ar" or any(s.method in PEERS for s in specs):
             raise ValueError("--methods: list ar first (every ratio is to it); peers run in latency mode only")
         if params["temperature"] or params["stop_at_eos"]:
             raise ValueError("throughput runs greedy with EOS ignored: drop --temperature / --stop-at-eos")
-        pools = {domain_label(name): load_requests(name, params["num_prompts"], params["skip_prompts"],
-                                                   params["max_new_tokens"], params["data_dir"])
+        pools = {domain_label(name): load_dataset(name, params["num_prompts"], params["max_new_tokens"],
+                                                  params["data_dir"], params["skip_prompts"])
                  for name in domains(params["dataset"])}
-        max_new = {d: params["max_new_tokens"] or rs[0].output_tokens for d, rs in pools.items()}
+        max_new = {d: rs[0].output_tokens for d, rs in pools.items()}  # --max-new-tokens, else the first row's
         if via == "openai":
             for spec in specs:  # a method the server cannot run is refused before it starts
                 tp.cast_options(spec)
@@ -173,7 +193,7 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
                 cells[d] = tp.run(session.built.engine, prompts, max_new[d], specs, levels, not params["no_progress"],
                                   repeats)
     except (ValueError, DatasetError) as err:
-        raise _fail(err) from None
+        raise click.ClickException(str(err)) from None
     finally:
         if server is not None:
             server.terminate()
@@ -185,16 +205,8 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
     finish(report, throughput_page(report, params["out"]), params)
 
 
-def _register() -> None:
-    from perf.bench_backends import backends
-    from perf.bench_tree import tree
-    from perf.sweep import sweep
-
-    for command in (sweep, tree, backends):
-        bench.add_command(command)
-
-
-_register()
+for command in (tree, backends):
+    bench.add_command(command)
 
 if __name__ == "__main__":
     sys.exit(bench())

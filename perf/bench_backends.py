@@ -31,14 +31,15 @@ import torch
 from tqdm import tqdm
 
 from perf.plots import plt, save_figure
-from perf.run import write_outputs
+from perf.report import machine_info, md_table
+from perf.run import command_line, ints, write_outputs
+from runtime.backends.ort_target import OrtTarget
 from runtime.engine.backend import TorchTarget
 from runtime.engine.latency_probe import LatencyProbe, Stats, probe_tree, random_prompt
 from runtime.model.llama import LlamaTarget
 
 BACKENDS = ("torch-fp32", "torch-bf16", "ort-fp32")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides bf16 vs fp32 speed on a CPU
 PAUSE_S = 0.02  # before each timed call: lets spinning intra-op threads of the last column park
 
 
@@ -52,40 +53,13 @@ class Column:
         return f"{self.backend} t{self.threads}"
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers depend on: `perf.report.machine_info`, the CPU's ISA flags, onnxruntime's version."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from perf.report import machine_info
-
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    try:
-        ort = version("onnxruntime")
-    except PackageNotFoundError:
-        ort = None
-    return {**machine_info(), "isa": [f for f in ISA_FLAGS if f in flags.split()], "onnxruntime": ort}
-
-
 def make_backends(model: LlamaTarget, columns: Sequence[Column], cache_dir: str | Path | None) -> dict[str, Any]:
     """One backend per column; the bf16 weights are one copy shared by its thread counts."""
-    bf16 = None
-    made = {}
-    for col in columns:
-        if col.backend == "ort-fp32":
-            from runtime.backends.ort_target import OrtTarget
-
-            made[col.label] = OrtTarget(model, (), threads=col.threads, cache_dir=cache_dir)
-        elif col.backend == "torch-bf16":
-            bf16 = bf16 if bf16 is not None else copy.deepcopy(model).to(torch.bfloat16)
-            made[col.label] = TorchTarget(bf16)
-        elif col.backend == "torch-fp32":
-            made[col.label] = TorchTarget(model)
-        else:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {col.backend!r}")
-    return made
+    if unknown := {c.backend for c in columns} - set(BACKENDS):
+        raise ValueError(f"backends must be among {BACKENDS}, got {sorted(unknown)}")
+    bf16 = copy.deepcopy(model).to(torch.bfloat16) if any(c.backend == "torch-bf16" for c in columns) else None
+    return {c.label: OrtTarget(model, (), threads=c.threads, cache_dir=cache_dir) if c.backend == "ort-fp32"
+            else TorchTarget(bf16 if c.backend == "torch-bf16" else model) for c in columns}
 
 
 def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = WIDTHS, prefix: int = 256,
@@ -125,24 +99,16 @@ def run(model: LlamaTarget, columns: Sequence[Column], widths: Sequence[int] = W
     return samples
 
 
-def summarize(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """label -> n -> {median, p10, p90} ms."""
-    return {label: {str(n): asdict(Stats.of(v)) for n, v in by_n.items()} for label, by_n in samples.items()}
-
-
 def markdown_table(stats: dict[str, dict[str, dict[str, float]]], columns: Sequence[Column],
                    stat: str = "median") -> str:
     """`stat` ms per n and column, then onnxruntime's speed-up over torch fp32 per thread count."""
     labels = [c.label for c in columns]
-    threads = sorted({c.threads for c in columns})
-    ratios = [t for t in threads if f"ort-fp32 t{t}" in stats and f"torch-fp32 t{t}" in stats]
-    head = ["n"] + [f"{lab} ms" for lab in labels] + [f"torch-fp32/ort t{t}" for t in ratios]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for n in next(iter(stats.values())):
-        cells = [n] + [f"{stats[lab][n][stat]:.1f}" for lab in labels]
-        cells += [f"{stats[f'torch-fp32 t{t}'][n][stat] / stats[f'ort-fp32 t{t}'][n][stat]:.2f}x" for t in ratios]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    ratios = [t for t in sorted({c.threads for c in columns})
+              if f"ort-fp32 t{t}" in stats and f"torch-fp32 t{t}" in stats]
+    body = [[n, *(f"{stats[lab][n][stat]:.1f}" for lab in labels),
+             *(f"{stats[f'torch-fp32 t{t}'][n][stat] / stats[f'ort-fp32 t{t}'][n][stat]:.2f}x" for t in ratios)]
+            for n in next(iter(stats.values()))]
+    return md_table(["n", *(f"{lab} ms" for lab in labels), *(f"torch-fp32/ort t{t}" for t in ratios)], body) + "\n"
 
 
 def plot(stats: dict[str, dict[str, dict[str, float]]], out: str | Path, title: str) -> Path:
@@ -165,11 +131,13 @@ def plot(stats: dict[str, dict[str, dict[str, float]]], out: str | Path, title: 
 def write_report(samples: dict[str, dict[int, list[float]]], columns: Sequence[Column], out: str | Path,
                  meta: dict[str, Any]) -> dict[str, Any]:
     """<out>.json, <out>.md, <out>.png; returns the JSON report."""
-    stats, m, target = summarize(samples), machine(), meta.get("target", "target")
+    stats = {label: {str(n): asdict(Stats.of(v)) for n, v in by_n.items()} for label, by_n in samples.items()}
+    m, target = machine_info(), meta.get("target", "target")
     report = {"benchmark": "target verify latency by backend (perf/bench_backends.py)", **meta, "machine": m,
               "ms": stats, "samples_ms": {k: {str(n): [round(x, 2) for x in v] for n, v in by_n.items()}
                                           for k, by_n in samples.items()}}
-    page = (f"# Verify latency by backend\n\n{target}, prefix P = {meta['prefix']}, B = 1, median of "
+    reproduce = f"Reproduce: `{meta['command']}`\n\n" if meta.get("command") else ""
+    page = (f"# Verify latency by backend\n\n{reproduce}{target}, prefix P = {meta['prefix']}, B = 1, median of "
             f"{meta['repeats']} interleaved passes, ms. Machine: {m['cpu_model']}, {m['cpu_count']} cores, ISA "
             f"{', '.join(m['isa']) or 'baseline'}; torch {m['torch']}, onnxruntime {m['onnxruntime']}.\n"
             f"{meta.get('note', '')}\n\n{markdown_table(stats, columns)}\nFastest decile (p10 ms; load spikes "
@@ -177,10 +145,6 @@ def write_report(samples: dict[str, dict[int, list[float]]], columns: Sequence[C
     write_outputs(str(out), report, page)
     plot(stats, Path(out).with_suffix(".png"), f"{target}: verify ms at P = {meta['prefix']}")
     return report
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 @click.command()
@@ -197,15 +161,19 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--note", default="", help="A line for the report (e.g. what else loaded the machine).")
 @click.option("--out", default="perf/results/backends_cpu", show_default=True, help="Output stem: .json, .md, .png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report on stdout.")
-def backends(target: str, prefix: int, widths: str, threads: str, backends: str, repeats: int, warmup: int,
-         cache_dir: str | None, note: str, out: str, as_json: bool) -> None:
+@click.pass_context
+def backends(ctx: click.Context, target: str, prefix: int, widths: str, threads: str, backends: str, repeats: int,
+             warmup: int, cache_dir: str | None, note: str, out: str, as_json: bool) -> None:
     """Time one verify pass per backend x threads x packed count; write JSON, markdown and PNG."""
     from runtime.loader import load_models
 
-    columns = [Column(b, t) for t in _ints(threads) for b in backends.split(",")]
-    models = load_models(target, "none", dtype=torch.float32)
-    samples = run(models.target, columns, _ints(widths), prefix, repeats, warmup, cache_dir)
+    try:
+        columns = [Column(b, t) for t in ints(threads, "--threads") for b in backends.split(",")]
+        models = load_models(target, "none", dtype=torch.float32)
+        samples = run(models.target, columns, ints(widths, "--widths"), prefix, repeats, warmup, cache_dir)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
     meta = {"target": models.name, "prefix": prefix, "repeats": repeats, "warmup": warmup, "batch": 1,
-            "note": note}
+            "note": note, "command": command_line(ctx)}
     report = write_report(samples, columns, out, meta)
     click.echo(json.dumps(report, indent=2) if as_json else Path(out).with_suffix(".md").read_text())

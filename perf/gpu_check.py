@@ -44,7 +44,7 @@ from perf import gpu_round_loop
 from perf.gpu_round_loop import SHAPES, random_target
 from plugins.tree_attention import tree_attention_reference, tree_attention_triton, triton_available
 from runtime.engine.backend import TorchTarget
-from runtime.engine.latency_probe import LatencyProbe, Stats, probe_tree, random_prompt
+from runtime.engine.latency_probe import probe_tree, verify_medians
 from runtime.model.llama import TargetConfig
 
 PAPER_PACKED = (1, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -173,13 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def probe(model, prefixes, packed, warmup, iters, seed) -> dict[int, list[float]]:
     """{prefix: [median verify ms per packed count]}: the engine's B = 1 pass over best-first
     trees, never committed (the cache stays at P)."""
-    backend, table = TorchTarget(model), {}
-    for p in prefixes:
-        with LatencyProbe(backend, random_prompt(model.config.vocab_size, p, seed).to(backend.device), 1,
-                          max(packed), seed=seed) as run:
-            samples = run.verify_curve(packed, warmup, iters, "tree")
-        table[p] = [Stats.of(samples[n]).median for n in packed]
-    return table
+    backend = TorchTarget(model)
+    return {p: list(verify_medians(backend, packed, p, 1, warmup, iters, "tree", seed).values()) for p in prefixes}
 
 
 def probe_section(args: argparse.Namespace, device: torch.device, device_name: str, sku: str,

@@ -89,7 +89,8 @@ def run(shape: str, device: torch.device, dtype: torch.dtype, prompts: int, prom
     ar_engine = LLMEngine(target, None, spec=SpecConfig(method="ar"))
     ar = ar_engine.generate([Request(p, new_tokens + block_positions + 2, ignore_eos=True) for p in ids])
     conts = [p + r.token_ids for p, r in zip(ids, ar)]
-    rows = [{"method": "ar", "corruption": None, "ms_per_token": _median([r.decode_ms_per_token for r in ar])}]
+    rows = [{"method": "ar", "corruption": None,
+             "ms_per_token": float(np.median([r.decode_ms_per_token for r in ar]))}]
     for rate in corruptions:
         for method, budget in (("chain", None), ("cast", 15), ("cast", "auto")):
             cost = OnlineCostModel(max_budget=block_positions * 8) if budget == "auto" else None
@@ -101,7 +102,7 @@ def run(shape: str, device: torch.device, dtype: torch.dtype, prompts: int, prom
             wall = time.perf_counter() - start
             rows.append({
                 "method": f"{method}:{budget}" if budget is not None else method, "corruption": rate,
-                "ms_per_token": _median([r.decode_ms_per_token for r in out]),
+                "ms_per_token": float(np.median([r.decode_ms_per_token for r in out])),
                 "mean_R": float(np.mean([r.mean_accept_length for r in out])),
                 "mean_N": float(np.mean([np.mean(r.budgets) for r in out])),
                 "host_overhead_share": sum(r.timings.overhead_ms for r in out) / sum(r.timings.decode_ms for r in out),
@@ -110,7 +111,3 @@ def run(shape: str, device: torch.device, dtype: torch.dtype, prompts: int, prom
     for row in rows[1:]:
         row["speedup_over_ar"] = rows[0]["ms_per_token"] / row["ms_per_token"]
     return {"shape": shape, "dtype": str(dtype).removeprefix("torch."), "device": str(device), "rows": rows}
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(np.median(values))

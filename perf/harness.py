@@ -12,7 +12,7 @@ alike. Every method is warmed up once on the first prompt before anything is tim
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
@@ -50,6 +50,15 @@ class MethodSpec:
             return f"cast:{self.budget}"
         return "cast:auto" if self.draft_gate else "cast:auto-ungated"
 
+    def request_options(self) -> dict[str, Any]:
+        """The `runtime.engine.Request` overrides that run this method (best-first:W: `cast` auto, gate
+        off, under the caller's shared W x B width rule)."""
+        if self.method == "best-first":
+            return {"method": "cast", "budget": "auto", "draft_gate": False}
+        auto = self.method == "cast" and self.budget is None
+        return {"method": self.method, "budget": "auto" if auto else self.budget,
+                "draft_gate": self.draft_gate if auto else None}
+
     @property
     def label(self) -> str:
         if self.relaxed is None:
@@ -78,14 +87,6 @@ def parse_methods(text: str) -> list[MethodSpec]:
     return specs
 
 
-class DecodeRunner(Protocol):
-    """Decode one prompt with one method: (`runtime.result.GenerationResult`, per-step TV
-    from the target law of every committed token, or None for a lossless method)."""
-
-    def __call__(self, prompt_ids: Sequence[int], spec: MethodSpec, max_new_tokens: int,
-                 sampling: SamplingParams) -> tuple[Any, list[float] | None]: ...
-
-
 @dataclass(slots=True)
 class RequestRun:
     task_id: int
@@ -103,23 +104,23 @@ class BenchRun:
 def run_bench(
     requests: Sequence[Request],
     specs: Sequence[MethodSpec],
-    decode: DecodeRunner,
+    decode: Callable[..., tuple[Any, list[float] | None]],
     encode: Callable[[str], list[int]],
     sampling: SamplingParams,
-    max_new_tokens: int | None = None,
     warmup: bool = True,
     progress: bool = True,
     after_warmup: Callable[[], Any] = lambda: None,
 ) -> BenchRun:
     """Decode every request with every method (interleaved per prompt, order rotated) and collect results.
 
-    `max_new_tokens` overrides each request's `output_tokens`. At T > 0 each request gets
-    the same seed for every method (seed + task index), so runs are reproducible.
+    decode(prompt ids, spec, max new tokens, sampling) -> (`runtime.result.GenerationResult`, per-step
+    TV from the target law of every committed token, or None for a lossless method). At T > 0 each
+    request gets the same seed for every method (seed + task index), so runs are reproducible.
     """
     if not requests or not specs:
         raise ValueError("run_bench needs at least one request and one method")
     prompts = [list(r.input_ids) if r.input_ids is not None else encode(r.prompt) for r in requests]
-    budgets = [max_new_tokens or r.output_tokens for r in requests]
+    budgets = [r.output_tokens for r in requests]
     base_seed = sampling.seed if sampling.seed is not None else 0
     if warmup:
         for spec in specs:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from perf.report import format_table
+from perf.report import format_table, md_table
 
 
 def _plot_path(out: str | None, suffix: str) -> Path | None:
@@ -20,13 +20,9 @@ def _plot_path(out: str | None, suffix: str) -> Path | None:
     return stem.with_name(f"{stem.name}{suffix}.png")
 
 
-def _machine(report: dict[str, Any]) -> tuple[dict, dict]:
-    first = next(iter(report["domains"].values()))
-    return report.get("machine") or first["machine"], report.get("engine") or first["engine"]
-
-
 def _header(title: str, report: dict[str, Any]) -> list[str]:
-    machine, engine = _machine(report)
+    first = next(iter(report["domains"].values()))  # a latency report keeps them per domain
+    machine, engine = report.get("machine") or first["machine"], report.get("engine") or first["engine"]
     lines = [f"# {title}", "", "Reproduce:", "", "```bash", report["command"], "```", "",
              f"Machine: {machine.get('cpu_model')}, {machine.get('cpu_count')} cores, {machine.get('torch_threads')} "
              f"torch thread(s); {machine.get('platform')}; torch {machine.get('torch')}."]
@@ -50,17 +46,15 @@ def speedup_table(report: dict[str, Any]) -> str:
     """Speedup over AR (decode ms/token ratio, same run) per method and domain, with the mean,
     and how many greedy outputs equal AR's."""
     methods, cells = speedup_rows(report)
-    names = list(report["domains"])
-    lines = ["| method | " + " | ".join(names) + " | mean | = AR |", "|" + "---|" * (len(names) + 3)]
+    names, body = list(report["domains"]), []
     for m in methods:
         values = [cells[m][d] for d in names]
         mean = sum(v for v in values if v) / max(1, sum(1 for v in values if v))
         rows = [next(r for r in rep["summary"] if r["method"] == m) for rep in report["domains"].values()]
         equal = [r.get("equal_to_ar") for r in rows]
         agree = "-" if None in equal else f"{sum(equal)}/{sum(r['requests'] for r in rows)}"
-        lines.append(f"| {m} | " + " | ".join("-" if v is None else f"{v:.2f}x" for v in values)
-                     + f" | {mean:.2f}x | {agree} |")
-    return "\n".join(lines)
+        body.append([m, *("-" if v is None else f"{v:.2f}x" for v in values), f"{mean:.2f}x", agree])
+    return md_table(["method", *names, "mean", "= AR"], body)
 
 
 def plot_speedups(report: dict[str, Any], out: Path) -> Path:
@@ -82,13 +76,20 @@ def plot_speedups(report: dict[str, Any], out: Path) -> Path:
     return save_figure(fig, out)
 
 
+ROUND_PARTS = ("feature cache", "draft", "trees (host)", "verify", "commit (host)", "round")
+
+
 def latency_page(report: dict[str, Any], out: str | None) -> str:
-    """The latency page; with `out`, OUT.png (speedups) and OUT_R_<domain>.png (round lengths) beside it."""
-    from perf.plots import plot_accept_histograms
+    """The latency (or sweep) page; with `out`, OUT.png (speedups), OUT_R_<domain>.png (round
+    lengths) and, for a sweep, OUT_sweep.png (gain over the chain vs N per domain) beside it."""
+    from perf.plots import plot_accept_histograms, plot_width_sweep
+    from perf.sweep import ceiling_rows, ceiling_table, format_sweep
 
     first = next(iter(report["domains"].values()))
     s, eos = first["settings"], "ignored" if first["engine"].get("ignore_eos") else "honoured"
-    lines = _header("Latency (B = 1): one engine and outside peers, side by side", report)
+    sweep = report.get("sweep")
+    lines = _header("Width sweep: CAST at each budget N against the predicted width" if sweep else
+                    "Latency (B = 1): one engine and outside peers, side by side", report)
     lines += [f"{first['dataset']['num_requests']} prompts per domain x {s.get('max_new_tokens') or 'each row’s'} "
               f"new tokens, temperature {s.get('temperature', 0.0)}, EOS {eos}; "
               f"every method interleaved per prompt (order rotated), warmed up first; run {s['date']}. "
@@ -97,6 +98,16 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
         lines.append(f"- peer `{name}`: {what}")
     for name, why in report.get("peer_gaps", {}).items():
         lines.append(f"- peer `{name}`: **not run here** — {why}")
+    if sweep:
+        lines += ["", format_sweep(sweep), "", "## What this machine allows", "",
+                  "The most any width rule, gate or faster drafter could reach here: each fixed N's measured R(N) "
+                  "over its verify time alone (`perf/sweep.py`; best N shown).", "",
+                  ceiling_table(ceiling_rows(report["domains"]))]
+        png = _plot_path(out, "_sweep")
+        if png is not None:
+            plot_width_sweep({d: t["gain_over_chain"] for d, t in sweep.items()}, png,
+                             {d: t["predicted_gain"] for d, t in sweep.items() if t["predicted_gain"] is not None})
+            lines += ["", f"![gain over the chain vs N]({png.name})"]
     lines += ["", "## Speedup over AR (decode ms/token of AR / of the method, same run)", "", speedup_table(report)]
     png = _plot_path(out, "")
     if png is not None:
@@ -106,13 +117,12 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
               "round length R, mean tree size N, TTFT, share of decode time in draft / verify / overhead (peers: not "
               "split), and requests whose greedy tokens equal AR's (`!`: a lossless method that differs)."]
     for name, rep in report["domains"].items():
-        lines += ["", f"## {name}", "", format_table(rep["summary"], markdown=True)]
+        lines += ["", f"## {name}", "", format_table(rep["summary"])]
         if rep.get("round_parts_ms"):
-            parts = ("feature cache", "draft", "trees (host)", "verify", "commit (host)", "round")
             lines += ["", "Where a decode round's time goes (`--round-parts`, timed in place), ms per round:", "",
-                      "| method | rounds | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 2)]
-            lines += [f"| {m} | {p['rounds']:.0f} | " + " | ".join(f"{p.get(k, 0.0):.2f}" for k in parts) + " |"
-                      for m, p in rep["round_parts_ms"].items()]
+                      md_table(["method", "rounds", *ROUND_PARTS],
+                               ([m, f"{p['rounds']:.0f}", *(f"{p.get(k, 0.0):.2f}" for k in ROUND_PARTS)]
+                                for m, p in rep["round_parts_ms"].items()))]
         for r in rep.get("relaxed", []):
             lines += ["", f"LOSSY {r['label']}: R {r['mean_R']:.2f} (lossless {r['lossless_mean_R']:.2f}), "
                       f"per-step TV {r['mean_step_tv']:.4f}, "
@@ -123,6 +133,20 @@ def latency_page(report: dict[str, Any], out: str | None) -> str:
             plot_accept_histograms(rep["accept_lengths"], hist)
             lines += ["", f"![R histogram]({hist.name})"]
     return "\n".join(lines) + "\n"
+
+
+def throughput_table(rows: list[dict], labels: list[str], levels: list[int], key: str) -> str:
+    """`key` per method (rows) and concurrency (columns), then each cell over AR's, and = AR."""
+    by, body = {(r["concurrency"], r["method"]): r for r in rows}, []
+    for label in labels:
+        cells = [by[c, label][key] for c in levels]
+        ratios = [None if v is None or not by[c, "ar"][key] else v / by[c, "ar"][key] for c, v in zip(levels, cells)]
+        equal = sum(by[c, label]["equal_to_ar"] for c in levels)
+        total = sum(by[c, label]["requests"] for c in levels)
+        body.append([label, *("-" if v is None else f"{v:.1f}" for v in cells),
+                     " / ".join("-" if r is None else f"{r:.2f}" for r in ratios),
+                     f"{equal}/{total}{'' if equal == total else '!'}"])
+    return md_table(["method", *(f"c={c}" for c in levels), "x AR at each c", "= AR"], body)
 
 
 THROUGHPUT_TABLES = {
@@ -138,8 +162,6 @@ THROUGHPUT_TABLES = {
 
 def throughput_page(report: dict[str, Any], out: str | None) -> str:
     """The throughput page; with `out`, OUT.png (tokens/s vs concurrency per method and domain)."""
-    from perf.throughput import table
-
     via = report.get("via", "engine")
     first = next(iter(report["domains"].values()))[0]
     lines = _header(f"Throughput over concurrency: one engine, continuous batching"
@@ -152,7 +174,7 @@ def throughput_page(report: dict[str, Any], out: str | None) -> str:
     for name, rows in report["domains"].items():
         lines += [f"## {name}", ""]
         for key, what in THROUGHPUT_TABLES[via]:
-            lines += [f"{what}:", "", table(rows, report["methods"], report["concurrency"], key), ""]
+            lines += [f"{what}:", "", throughput_table(rows, report["methods"], report["concurrency"], key), ""]
     png = _plot_path(out, "")
     if png is not None:
         from perf.plots import plt, save_figure
@@ -170,29 +192,7 @@ def throughput_page(report: dict[str, Any], out: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sweep_page(report: dict[str, Any], out: str | None) -> str:
-    """The width-sweep page (Table 2); with `out`, OUT.png (gain over the chain vs N per domain)."""
-    from perf.sweep import ceiling_rows, ceiling_table, format_sweep
-
-    lines = _header("Width sweep: CAST at each budget N against the predicted width", report)
-    lines += [format_sweep(report["sweep"]), "", "## What this machine allows", "",
-              "The most any width rule, gate or faster drafter could reach here: each fixed N's measured R(N) over its "
-              "verify time alone (`perf/sweep.py`; best N shown).", "", ceiling_table(ceiling_rows(report["domains"])),
-              ""]
-    for name, rep in report["domains"].items():
-        lines += [f"## {name}", "", format_table(rep["summary"], markdown=True), ""]
-    png = _plot_path(out, "")
-    if png is not None:
-        from perf.plots import plot_width_sweep
-
-        table = report["sweep"]
-        plot_width_sweep({d: t["gain_over_chain"] for d, t in table.items()}, png,
-                         {d: t["predicted_gain"] for d, t in table.items() if t["predicted_gain"] is not None})
-        lines += [f"![gain over the chain vs N]({png.name})"]
-    return "\n".join(lines) + "\n"
-
-
-PAGES = {"latency": latency_page, "throughput": throughput_page, "sweep": sweep_page}
+PAGES = {"latency": latency_page, "throughput": throughput_page, "sweep": latency_page}
 
 
 @click.command()

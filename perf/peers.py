@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
+from perf.report import package_version
 from runtime.loader import eos_token_ids
 from runtime.result import GenerationResult, Timings
 
@@ -86,12 +87,6 @@ class Peers:
             if self.ignore_eos:  # `generate` fills an unset eos from the model's own config: unset it there
                 self._hf.model.generation_config.eos_token_id = None
         return self._hf
-
-    def describe(self) -> dict[str, str]:
-        """What each peer runs, for the report."""
-        return {"hf": f"transformers {_version('transformers')} generate, greedy, fp32, same weights",
-                "dflash": f"z-lab dflash {_version('dflash')} dflash_generate (chain), fp32 target, drafter "
-                          f"{self.drafter}; CPU timer and draft-vocabulary head (perf/peers.py module doc)"}
 
     def __call__(self, name: str, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
         if name == "hf":
@@ -183,10 +178,15 @@ class PeerProcess:
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(target=_serve, args=(child, target, drafter_dir, ignore_eos, threads), daemon=True)
         self._process.start()
-        self.threads, self._describe = threads, Peers(target, drafter_dir, ignore_eos).describe()
+        self.threads, self.drafter = threads, drafter_dir
 
     def describe(self) -> dict[str, str]:
-        return {k: f"{v}; own process, {self.threads} torch thread(s)" for k, v in self._describe.items()}
+        """What each peer runs, for the report."""
+        own = f"; own process, {self.threads} torch thread(s)"
+        return {"hf": f"transformers {package_version('transformers')} generate, greedy, fp32, same weights{own}",
+                "dflash": f"z-lab dflash {package_version('dflash') or '(not installed)'} dflash_generate (chain), "
+                          f"fp32 target, drafter {self.drafter}; CPU timer and draft-vocabulary head (perf/peers.py "
+                          f"module doc){own}"}
 
     def __call__(self, name: str, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
         self._conn.send((name, list(prompt_ids), max_new_tokens))
@@ -208,12 +208,3 @@ def _result(method: str, tokens: list[int], prompt_tokens: int, max_new_tokens: 
     return GenerationResult(method, "", tokens, "length" if len(tokens) >= max_new_tokens else "eos", prompt_tokens,
                             accept_lengths=rounds, budgets=[drafted] * len(rounds), drafted=[drafted > 0] * len(rounds),
                             timings=timings)
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "(not installed)"

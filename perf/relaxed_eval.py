@@ -24,21 +24,19 @@ import numpy as np
 import torch
 
 from cast_trtllm.relaxed import RULES, RelaxedRule, committed_law, relaxed_speedup, relaxed_walk, total_variation
+from cast_trtllm import verify
 from cast_trtllm.sampling import SamplingParams, target_probs
 from cast_trtllm.tree import Tree
 from runtime.engine import LLMEngine
 
 
 def parse_relaxed(text: str) -> RelaxedRule:
-    """`NAME:ALPHA` (e.g. `cactus:0.5`, `ensemble:0.3`) -> an opted-in lossy rule."""
+    """`NAME:ALPHA` (e.g. `cactus:0.5`, `ensemble:0.3`) -> an opted-in lossy rule (checked by `RelaxedRule`)."""
     name, _, alpha = text.partition(":")
-    if name not in RULES or not alpha:
-        raise ValueError(f"--relaxed {text!r}: expected NAME:ALPHA with NAME one of {RULES}")
     try:
-        value = float(alpha)
-    except ValueError:
-        raise ValueError(f"--relaxed {text!r}: ALPHA must be a number") from None
-    return RelaxedRule(name, value, lossy=True)
+        return RelaxedRule(name, float(alpha), lossy=True)
+    except ValueError as err:
+        raise ValueError(f"--relaxed {text!r}: expected NAME:ALPHA with NAME one of {RULES} ({err})") from None
 
 
 @dataclass(slots=True)
@@ -65,14 +63,12 @@ class RelaxedEngine(LLMEngine):
 
 
 def _proposal(tree: Tree, row: int, vocab: int) -> torch.Tensor | None:
-    """[V] drafter marginal renormalized over the retained children of pack row `row`."""
+    """[V] drafter marginal renormalized over the retained children of pack row `row` (the walk's)."""
     children = tree.children(row)
     if len(children) == 0:
         return None
-    parent = 0.0 if row == 0 else tree.score[row - 1]
-    q = np.exp(tree.score[children - 1] - parent)
     out = torch.zeros(vocab, dtype=torch.float64)
-    out[torch.from_numpy(tree.tokens[children - 1])] = torch.from_numpy(q / q.sum())
+    out[torch.from_numpy(tree.tokens[children - 1])] = torch.from_numpy(verify._proposal(tree, row, children))
     return out
 
 

@@ -14,7 +14,8 @@ import os
 import platform
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -22,7 +23,6 @@ from perf.harness import BenchRun, MethodSpec, RequestRun
 
 DECODING_MODE = {"ar": "AR", "chain": "DFlash", "cast": "CAST", "hf": "AR (transformers generate)",
                  "dflash": "DFlash (z-lab reference)"}
-LOSSLESS = ("ar", "chain", "cast", "hf", "dflash")  # greedy output must equal AR's, token for token
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -35,18 +35,32 @@ def percentiles(values: Sequence[float]) -> dict[str, float] | None:
             "minimum": float(v.min()), "maximum": float(v.max()), "average": float(v.mean())}
 
 
+def package_version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
+    """What the numbers depend on: CPU model, cores and the ISA flags that decide bf16 vs fp32 speed
+    on a CPU, versions, torch threads, the GPU."""
     import torch
 
     from runtime.device import device_name
 
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_model": device_name(torch.device("cpu")),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "cuda_device": None}
-    if torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name(0)
-    return info
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_model": device_name(torch.device("cpu")), "cpu_count": os.cpu_count(),
+            "isa": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags.split()],
+            "python": platform.python_version(), "torch": torch.__version__,
+            "onnxruntime": package_version("onnxruntime"), "torch_threads": torch.get_num_threads(),
+            "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def dataset_info(name: str, runs: Sequence[RequestRun], output_tokens: Sequence[int]) -> dict[str, Any]:
@@ -105,7 +119,7 @@ def method_block(spec: MethodSpec, runs: Sequence[RequestRun], ar: Sequence[Requ
                          "finish_reasons": dict(Counter(g.finish_reason for g in results))},
         "performance": performance,
         "decoding_stats": decoding_stats,
-        "lossless": spec.method in LOSSLESS and spec.relaxed is None,
+        "lossless": spec.relaxed is None,  # every method here but a relaxed twin: greedy output must equal AR's
         "equal_to_ar": None if ar is None else sum(r.result.token_ids == a.result.token_ids for r, a in zip(runs, ar)),
         "requests": [request_row(r, a) for r, a in zip(runs, ar or [None] * len(runs))],
     }
@@ -176,24 +190,20 @@ def _agreement(row: dict[str, Any]) -> str:
     return f"{row['equal_to_ar']}/{row['requests']}{flag}"
 
 
-def format_table(rows: Sequence[dict[str, Any]], markdown: bool = False) -> str:
-    """The summary as a fixed-width (or markdown) table."""
+def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A markdown table: the header, its rule, then one line per row."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The summary as a markdown table."""
     head = ["method", "ms/tok", "tok/s", "vs AR", "vs chain", "mean R", "mean N", "TTFT ms",
             "draft", "verify", "overhead", "= AR"]
-    body = [[r["method"], _fmt(r["ms_per_token"], ".2f"), _fmt(r["tokens_per_s"], ".1f"),
-             _fmt(r["speedup_over_ar"], ".2f") + ("x" if r["speedup_over_ar"] is not None else ""),
-             _fmt(None if r["gain_over_chain"] is None else 100 * r["gain_over_chain"], "+.1f")
-             + ("%" if r["gain_over_chain"] is not None else ""),
-             _fmt(r["mean_R"], ".2f"), _fmt(r["mean_budget"], ".1f"), _fmt(r["ttft_ms"], ".1f"),
-             *(f"{100 * r[k]:.0f}%" for k in ("draft_share", "verify_share", "overhead_share")),
-             _agreement(r)]
-            for r in rows]
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(row) for row in body])
+    return md_table(head, ([r["method"], _fmt(r["ms_per_token"], ".2f"), _fmt(r["tokens_per_s"], ".1f"),
+                            _fmt(r["speedup_over_ar"], ".2f") + ("x" if r["speedup_over_ar"] is not None else ""),
+                            _fmt(None if r["gain_over_chain"] is None else 100 * r["gain_over_chain"], "+.1f")
+                            + ("%" if r["gain_over_chain"] is not None else ""),
+                            _fmt(r["mean_R"], ".2f"), _fmt(r["mean_budget"], ".1f"), _fmt(r["ttft_ms"], ".1f"),
+                            *(f"{100 * r[k]:.0f}%" for k in ("draft_share", "verify_share", "overhead_share")),
+                            _agreement(r)] for r in rows))

@@ -14,6 +14,7 @@ from cast_trtllm.sampling import SamplingParams
 from perf.datasets import NAMED_SETS, load_dataset
 from perf.harness import MethodSpec, run_bench
 from perf.report import build_report
+from runtime.options import model_options, option_group, spec_options
 
 _OPTIONS = [
     click.option("--dataset", required=True,
@@ -37,11 +38,13 @@ _OPTIONS = [
 ]
 
 
-def run_options(fn):
-    """The options every mode takes (datasets, budget, sampling, output)."""
-    for option in reversed(_OPTIONS):
-        fn = option(fn)
-    return fn
+run_options = option_group(_OPTIONS)
+
+
+def bench_mode(fn):
+    """What every mode takes: the run options above, the engine's (`runtime.options` model and
+    speculative options), and its click context (`command_line` reads it)."""
+    return run_options(model_options(spec_options(click.pass_context(fn))))
 
 
 def domains(text: str) -> list[str]:
@@ -53,18 +56,22 @@ def domain_label(dataset: str) -> str:
     return Path(dataset).stem if dataset.endswith(".jsonl") else dataset
 
 
-def load_requests(dataset: str, num_prompts: int | None, skip: int, max_new: int | None, data_dir: str | None):
-    requests = load_dataset(dataset, num_prompts, max_new, data_dir)
-    if skip >= len(requests):
-        raise ValueError(f"--skip-prompts {skip} leaves none of the {len(requests)} prompts of {dataset}")
-    return requests[skip:]
+def ints(text: str, flag: str) -> list[int]:
+    """A comma list of positive integers, or a ValueError naming `flag`."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} {text!r}: expected positive integers")
+    return values
 
 
 def run_domain(session: Any, dataset: str, specs: Sequence[MethodSpec], params: dict[str, Any],
                settings: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """One domain, every method interleaved per prompt -> (trtllm-bench-shaped report, BenchRun)."""
-    requests = load_requests(dataset, params["num_prompts"], params["skip_prompts"], params["max_new_tokens"],
-                             params["data_dir"])
+    requests = load_dataset(dataset, params["num_prompts"], params["max_new_tokens"], params["data_dir"],
+                            params["skip_prompts"])
     bench = run_bench(requests, specs, session, session.encode,
                       SamplingParams(params["temperature"], seed=params["seed"]), progress=not params["no_progress"],
                       after_warmup=session.round_parts_ms)  # the warm-up's rounds are not tallied
@@ -109,8 +116,7 @@ def write_outputs(out: str | None, report: dict[str, Any], page: str) -> list[Pa
     return paths
 
 
-RUN_KEYS = ("dataset", "num_prompts", "skip_prompts", "max_new_tokens", "data_dir", "temperature", "seed",
-            "stop_at_eos", "no_chat", "no_progress", "out", "as_json")
+RUN_KEYS = {p.name for p in run_options(lambda: None).__click_params__}  # the names of `_OPTIONS`
 
 
 def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -58,10 +58,8 @@ class DecodeSession:
             if not sampling.greedy:
                 raise ValueError(f"peer {spec.method} runs greedy only: drop --temperature")
             return self.peer(spec.method, prompt_ids, max_new_tokens), None
-        auto = spec.method == "cast" and spec.budget is None
-        request = Request(tuple(prompt_ids), max_new_tokens, sampling, method=spec.method,
-                          budget="auto" if auto else spec.budget, draft_gate=spec.draft_gate if auto else None,
-                          ignore_eos=self.ignore_eos)
+        request = Request(tuple(prompt_ids), max_new_tokens, sampling, ignore_eos=self.ignore_eos,
+                          **spec.request_options())
         engine = self.built.engine
         if self.round_parts is not None:
             self._tally = self.round_parts.setdefault(spec.label, defaultdict(float))

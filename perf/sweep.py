@@ -1,6 +1,6 @@
-"""Width sweep (paper Table 2): AR, chain and CAST at each budget N, the sweep oracle next
-to the width `auto` predicts, per domain, on `perf.bench latency`'s interleaved run; and the
-ceiling the verify pass leaves on this machine (`ceiling_rows`).
+"""The width sweep's tables (paper Table 2): AR, chain and CAST at each budget N, the sweep
+oracle next to the width `auto` predicts, per domain, from `perf.bench sweep` (a `latency` run
+over those methods); and the ceiling the verify pass leaves on this machine (`ceiling_rows`).
 
     python -m perf.bench sweep --dataset gsm8k,humaneval,mt_bench --budgets 1,3,7,15,31,63 \
         --num-prompts 20 --max-new-tokens 128 --out perf/results/width_sweep_cpu
@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import click
-
-from perf.datasets import DatasetError
-from perf.harness import MethodSpec
-from perf.run import command_line, domain_label, domains, finish, run_domain, run_options, split_options
-from perf.session import load_session
-from runtime.options import model_options, spec_options
+from perf.report import md_table
 
 
 def sweep_table(summary: list[dict[str, Any]], budgets: list[int]) -> dict[str, Any]:
@@ -46,8 +40,7 @@ def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
     def pct(value: float | None, spec: str = "+.1f") -> str:
         return "-" if value is None else format(100 * value, spec)
 
-    lines = ["| domain | auto: mean N (drafted rounds) | gain | gap (pp) | ungated: mean N | gain | gap (pp) "
-             "| oracle width (gain) | gain at widest N |", "|---|---|---|---|---|---|---|---|---|"]
+    body = []
     for domain, s in sweep.items():
         cells = []
         for key in ("", "ungated_"):
@@ -56,9 +49,10 @@ def format_sweep(sweep: dict[str, dict[str, Any]]) -> str:
             head += "" if width is None or key or share is None else f" ({pct(share, '.0f')}%)"
             gap, gain = s.get(f"{key}gap_pp"), s.get(f"{key}predicted_gain")
             cells += [head, pct(gain) + ("%" if gain is not None else ""), "-" if gap is None else f"{gap:+.1f}"]
-        lines.append(f"| {domain} | " + " | ".join(cells) + f" | {s['oracle_width']} ({pct(s['oracle_gain'])}%) "
-                     f"| {pct(s['gain_at_widest'])}% |")
-    return "\n".join(lines)
+        body.append([domain, *cells, f"{s['oracle_width']} ({pct(s['oracle_gain'])}%)",
+                     f"{pct(s['gain_at_widest'])}%"])
+    return md_table(["domain", "auto: mean N (drafted rounds)", "gain", "gap (pp)", "ungated: mean N", "gain",
+                     "gap (pp)", "oracle width (gain)", "gain at widest N"], body)
 
 
 # The speedup ceiling left by the verify pass alone. Per domain and fixed N, the measured
@@ -102,49 +96,15 @@ def ceiling_rows(reports: Mapping[str, Mapping]) -> list[dict[str, Any]]:
 
 
 def ceiling_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| domain | AR ms/tok | best N | R at that N | ceiling, draft + host free "
-             "| ceiling, draft free | cast:auto measured |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        auto = "-" if r["measured_auto"] is None else f"{r['measured_auto']:.2f}x"
-        lines.append(f"| {r['domain']} | {r['ar_ms']:.1f} | {r['best_N']} | {r['R_at_best_N']:.2f} "
-                     f"| {r['ceiling_draft_and_host_free']:.2f}x | {r['ceiling_draft_free']:.2f}x | {auto} |")
+    def mean(values: list) -> str:
+        values = [v for v in values if v is not None]
+        return f"{sum(values) / len(values):.2f}x" if values else "-"
+
+    body = [[r["domain"], f"{r['ar_ms']:.1f}", r["best_N"], f"{r['R_at_best_N']:.2f}",
+             f"{r['ceiling_draft_and_host_free']:.2f}x", f"{r['ceiling_draft_free']:.2f}x",
+             "-" if r["measured_auto"] is None else f"{r['measured_auto']:.2f}x"] for r in rows]
     if rows:
-        def mean(values: list) -> str:
-            values = [v for v in values if v is not None]
-            return f"{sum(values) / len(values):.2f}x" if values else "-"
-
-        lines.append(f"| **mean** | | | | {mean([r['ceiling_draft_and_host_free'] for r in rows])} "
-                     f"| {mean([r['ceiling_draft_free'] for r in rows])} "
-                     f"| {mean([r['measured_auto'] for r in rows])} |")
-    return "\n".join(lines)
-
-
-@click.command()
-@click.option("--budgets", default="1,3,7,15,31,63", show_default=True, help="Comma list of CAST budgets N.")
-@click.option("--no-auto", is_flag=True, help="Skip cast:auto and cast:auto-ungated (no width profile needed).")
-@click.option("--no-ar", is_flag=True, help="Skip the autoregressive reference row.")
-@click.option("--no-ungated", is_flag=True, help="Skip cast:auto-ungated (the width policy without the draft gate).")
-@run_options
-@model_options
-@spec_options
-@click.pass_context
-def sweep(ctx: click.Context, budgets: str, no_auto: bool, no_ar: bool, no_ungated: bool, **kwargs) -> None:
-    """Width sweep: ms/token of AR, chain and CAST at each budget N, sweep oracle vs predicted auto width."""
-    from perf.page import sweep_page
-
-    params, engine = split_options(kwargs)
-    try:
-        ns = sorted({int(b) for b in budgets.split(",")})
-        if not ns or ns[0] < 1:
-            raise ValueError(f"--budgets {budgets!r}: expected positive integers")
-        specs = ([] if no_ar else [MethodSpec("ar")]) + [MethodSpec("chain")] + [MethodSpec("cast", n) for n in ns]
-        specs += [] if no_auto else [MethodSpec("cast", draft_gate=True)] + ([] if no_ungated else [MethodSpec("cast")])
-        session = load_session(engine, params)
-        reports = {domain_label(name): run_domain(session, name, specs, params, {"mode": "sweep", "budgets": ns})[0]
-                   for name in domains(params["dataset"])}
-    except (ValueError, DatasetError) as err:
-        raise click.ClickException(str(err)) from None
-    report: dict[str, Any] = {"mode": "sweep", "command": command_line(ctx),
-                              "sweep": {name: sweep_table(r["summary"], ns) for name, r in reports.items()},
-                              "domains": reports}
-    finish(report, sweep_page(report, params["out"]), params)
+        keys = ("ceiling_draft_and_host_free", "ceiling_draft_free", "measured_auto")
+        body.append(["**mean**", "", "", "", *(mean([r[k] for r in rows]) for k in keys)])
+    return md_table(["domain", "AR ms/tok", "best N", "R at that N", "ceiling, draft + host free",
+                     "ceiling, draft free", "cast:auto measured"], body)

@@ -59,12 +59,7 @@ def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple
 
 def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
     """One greedy `ignore_eos` request per prompt, with the method's per-request overrides."""
-    if spec.method == "best-first":
-        return [Request(tuple(p), max_new, method="cast", budget="auto", draft_gate=False, ignore_eos=True)
-                for p in prompts]
-    auto = spec.method == "cast" and spec.budget is None
-    return [Request(tuple(p), max_new, method=spec.method, budget="auto" if auto else spec.budget,
-                    draft_gate=spec.draft_gate if auto else None, ignore_eos=True) for p in prompts]
+    return [Request(tuple(p), max_new, ignore_eos=True, **spec.request_options()) for p in prompts]
 
 
 def serve_method(engine: LLMEngine, spec: MethodSpec, prompts, max_new: int, concurrency: int):
@@ -206,19 +201,3 @@ def run_openai(client: Any, prompts: list, max_new: int, methods: Sequence[Metho
         return row
 
     return sweep_cells(levels, methods, repeats, measure, progress)
-
-
-def table(rows: list[dict], labels: Sequence[str], levels: Sequence[int], key: str = "tokens_per_s") -> str:
-    """Markdown: `key` per method (rows) and concurrency (columns), then each cell over AR's."""
-    by = {(r["concurrency"], r["method"]): r for r in rows}
-    head = "| method | " + " | ".join(f"c={c}" for c in levels) + " | x AR at each c | = AR |"
-    lines = [head, "|" + "---|" * (len(levels) + 3)]
-    for label in labels:
-        cells = [by[c, label][key] for c in levels]
-        ratios = [None if v is None or not by[c, "ar"][key] else v / by[c, "ar"][key] for c, v in zip(levels, cells)]
-        equal = sum(by[c, label]["equal_to_ar"] for c in levels)
-        total = sum(by[c, label]["requests"] for c in levels)
-        lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in cells) + " | "
-                     + " / ".join("-" if r is None else f"{r:.2f}" for r in ratios)
-                     + f" | {equal}/{total}{'' if equal == total else '!'} |")
-    return "\n".join(lines)

@@ -27,16 +27,6 @@ KERNEL_NAME = "tree_attention_fwd_kernel"
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def head_block(head_dim: int) -> int:
-    """BLOCK_D: head_dim rounded up to a power of two (>= 16, the tl.dot minimum)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
-def dot_precision(dtype: str) -> str:
-    """fp32 inputs use exact fp32 dots (not tf32) so the kernel meets fp32 tolerance."""
-    return "ieee" if dtype == "float32" else "tf32"
-
-
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
     """Everything baked into one AOT binary of the kernel (and what a JIT launch folds)."""
@@ -85,9 +75,9 @@ class KernelSpec:
             stride_kt=kv_row, stride_kh=d, stride_vt=kv_row, stride_vh=d, stride_mt=self.mask_words,
             stride_ot=q_row, stride_oh=d,
             GROUP=self.num_q_heads // self.num_kv_heads, HEAD_DIM=self.head_dim,
-            BLOCK_D=head_block(self.head_dim),
+            BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),  # a power of two >= 16 (the tl.dot minimum)
             BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-            DOT_PRECISION=dot_precision(self.dtype),
+            DOT_PRECISION="ieee" if self.dtype == "float32" else "tf32",  # exact fp32 dots meet fp32 tolerance
         )
 
 

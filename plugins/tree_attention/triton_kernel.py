@@ -141,19 +141,13 @@ def query_block(total_tokens: int, num_requests: int) -> int:
     return 16 if mean_pack <= 16 else 32 if mean_pack <= 32 else 64
 
 
-def tree_attention_triton(
-    q: torch.Tensor,  # [T, Hq, D]
-    k_prefix: torch.Tensor,  # [S, Hkv, D]
-    v_prefix: torch.Tensor,  # [S, Hkv, D]
-    k_pack: torch.Tensor,  # [T, Hkv, D]
-    v_pack: torch.Tensor,  # [T, Hkv, D]
-    bitmask: torch.Tensor,  # [T, W] int32
-    cu_seqlens: torch.Tensor,  # [B+1] int32
-    cu_prefix: torch.Tensor,  # [B+1] int32
-    scale: float | None = None,
-    check_values: bool = False,
-) -> torch.Tensor:  # [T, Hq, D], dtype of q
-    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+def tree_attention_triton(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor, k_pack: torch.Tensor,
+                          v_pack: torch.Tensor, bitmask: torch.Tensor, cu_seqlens: torch.Tensor,
+                          cu_prefix: torch.Tensor, scale: float | None = None, check_values: bool = False
+                          ) -> torch.Tensor:
+    """Launch the Triton kernel (CUDA tensors, or CPU tensors under TRITON_INTERPRET=1): the op of
+    `tree_attention_reference`, same arguments, shapes and [T, Hq, D] output in q's dtype;
+    `check_values` also reads cu_seqlens / cu_prefix on the host (`check_inputs`)."""
     require_triton()
     compiled = isinstance(tree_attention_fwd_kernel, triton.runtime.jit.JITFunction)  # vs interpreter
     if not q.is_cuda and compiled:

@@ -98,13 +98,6 @@ def _spec(desc) -> TensorSpec:
     return TensorSpec(shape, dtypes.get(desc.dtype, str(desc.dtype)))
 
 
-def _build_arch() -> int:
-    """Compute capability of the GPU the engine is being built on (e.g. 90)."""
-    import triton
-
-    return int(triton.runtime.driver.active.get_current_target().arch)
-
-
 def _define() -> None:
     from typing import List, Tuple, Union
 
@@ -138,7 +131,10 @@ def _define() -> None:
         cu_seqlens: trtp.TensorDesc, cu_prefix: trtp.TensorDesc, scale: float,
         outputs: Tuple[trtp.TensorDesc], tactic: int,
     ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
-        compiled = compile_kernel(kernel_spec(_spec(q), _spec(k_pack), _spec(bitmask), scale), arch=_build_arch())
+        import triton
+
+        arch = int(triton.runtime.driver.active.get_current_target().arch)  # the build GPU's, e.g. 90
+        compiled = compile_kernel(kernel_spec(_spec(q), _spec(k_pack), _spec(bitmask), scale), arch=arch)
         num_requests = cu_seqlens.shape_expr[0] - 1
         launch = trtp.KernelLaunchParams()
         launch.grid_x = trtp.cdiv(q.shape_expr[0], compiled.block_m) + num_requests

@@ -64,6 +64,13 @@ def test_output_tokens_override_applies_to_a_dataset_file(tmp_path):
     assert [r.output_tokens for r in load_dataset(str(path), num_prompts=1, output_tokens=5)] == [5]
 
 
+def test_skip_drops_the_first_prompts_of_the_kept_ones_and_must_leave_one(tmp_path):
+    path = write_requests([Request(i, 4, prompt=f"p{i}") for i in range(4)], tmp_path / "d.jsonl")
+    assert [r.task_id for r in load_dataset(str(path), num_prompts=3, skip=1)] == [1, 2]
+    with pytest.raises(DatasetError, match="--skip-prompts 3"):
+        load_dataset(str(path), num_prompts=3, skip=3)
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"task_id": 1, "prompt": "x", "output_tokens": 4', "not valid JSON"),
     ('{"task_id": 1, "output_tokens": 4}', "neither"),
