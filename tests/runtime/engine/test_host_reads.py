@@ -79,21 +79,28 @@ def shipped(embedded_checkpoint):
     return models_from_hf(embedded_checkpoint, drafter="default")
 
 
-@pytest.mark.parametrize("method, budget", [("ar", None), ("chain", None), ("cast", 7)])
-def test_a_greedy_round_of_four_requests_reads_the_device_once(shipped, method, budget):
-    """Greedy: the round reads once, and the outputs equal AR's."""
-    engine = LLMEngine(shipped.target, DrafterExecutor(shipped.drafter, shipped.target), shipped.tokenizer, (),
+def second_round_reads(models, requests: list[Request]) -> tuple[LLMEngine, list]:
+    """Run `requests` to completion on a device-tree engine (what a CUDA engine does; the CPU
+    default builds trees on the host), asserting its second round read the device once."""
+    engine = LLMEngine(models.target, DrafterExecutor(models.drafter, models.target), models.tokenizer, (),
                        SpecConfig(method="cast"))
-    engine.device_trees = True  # what a CUDA engine does (the CPU default builds trees on the host)
-    requests = [Request([1, 2, 3 + i, 4, 5], 12, method=method, budget=budget, ignore_eos=True) for i in range(4)]
+    engine.device_trees = True
     seqs = [engine.add_request(r) for r in requests]
     engine.step()
     with host_reads(engine) as (reads, others):
         engine.step()
-    assert len(engine.active) == 4
+    assert len(engine.active) == len(requests)
     assert reads[0] == 1 and others == [], (reads, others)
     while engine.active:
         engine.step()
+    return engine, seqs
+
+
+@pytest.mark.parametrize("method, budget", [("ar", None), ("chain", None), ("cast", 7)])
+def test_a_greedy_round_of_four_requests_reads_the_device_once(shipped, method, budget):
+    """Greedy: the round reads once, and the outputs equal AR's."""
+    requests = [Request([1, 2, 3 + i, 4, 5], 12, method=method, budget=budget, ignore_eos=True) for i in range(4)]
+    _, seqs = second_round_reads(shipped, requests)
     ar = LLMEngine(shipped.target, None, shipped.tokenizer, (), SpecConfig(method="ar"))
     alone = ar.generate([replace(r, method="ar", budget=None) for r in requests])
     assert [s.tokens for s in seqs] == [r.token_ids for r in alone]  # fp32: CAST = AR
@@ -103,21 +110,11 @@ def test_a_greedy_round_of_four_requests_reads_the_device_once(shipped, method, 
 def test_a_sampled_round_of_four_requests_reads_the_device_once(shipped, method, budget):
     """T > 0 (Theorem 3's walk on the device): one read per round, and a seed reproduces a
     request's tokens whatever shares its batch."""
-    engine = LLMEngine(shipped.target, DrafterExecutor(shipped.drafter, shipped.target), shipped.tokenizer, (),
-                       SpecConfig(method="cast"))
-    engine.device_trees = True
     kinds = [("ar", None), ("chain", None), ("cast", 7), ("cast", 3)] if method == "mixed" else [(method, budget)] * 4
     laws = [SamplingParams(temperature=0.8, seed=i) if i % 2 else SamplingParams(temperature=1.2, top_p=0.9, seed=i)
             for i in range(4)]
     requests = [Request([1, 2, 3 + i, 4, 5], 12, laws[i], method=m, budget=n, ignore_eos=True)
                 for i, (m, n) in enumerate(kinds)]
-    seqs = [engine.add_request(r) for r in requests]
-    engine.step()
-    with host_reads(engine) as (reads, others):
-        engine.step()
-    assert len(engine.active) == 4
-    assert reads[0] == 1 and others == [], (reads, others)
-    while engine.active:
-        engine.step()
+    engine, seqs = second_round_reads(shipped, requests)
     for b in (1, 3):
         assert seqs[b].tokens == engine.generate([requests[b]])[0].token_ids
