@@ -33,7 +33,7 @@ from runtime.backends.pooled_drafter import PooledDrafter
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
 from runtime.model import batch_draft_graph, draft_graphs
-from runtime.model.batch_graph import pool_input_names
+from runtime.model.graphs import pool_input_names
 from runtime.model.llama import LlamaTarget
 
 DRAFT_FILE, CONTEXT_FILE = "draft.onnx", "context.onnx"

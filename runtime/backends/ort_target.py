@@ -21,7 +21,7 @@ import torch
 
 from runtime.backends.onnx_cache import session_options, verify_graph_path
 from runtime.backends.pooled_target import PooledTarget
-from runtime.model.batch_graph import pool_input_names
+from runtime.model.graphs import pool_input_names
 from runtime.model.llama import LlamaTarget
 
 
