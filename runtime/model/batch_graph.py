@@ -9,7 +9,7 @@ slot's queries reads two key sets and merges them in one softmax:
   new   the pack's own rows   [Hkv, n, d] + pack_mask [S, n, n] (ancestor-only tree mask)
 so the committed prefix is never copied: the pool's per-layer arrays are graph inputs.
 The pack's new K/V leave as outputs (token-major [T, layers, Hkv, d]); the backend gathers
-the kept rows into the pool at commit (`SlotPool.commit`).
+the kept rows into the pool at commit (`SlotPool.commit_many`).
 
 Inputs:  input_ids [T] i64, position_ids [T] i64, gather_rows [S, n] i64 (flat row of
          each padded slot row; padding repeats a valid row), scatter_rows [T] i64 (padded
