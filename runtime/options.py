@@ -88,13 +88,12 @@ class EngineOptions:
     engine_dir: str | None = None
 
 
-def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, method=None,
-                   budget=None, rank_cap=None, width_profile=None, width_rule=None, draft_gate=None,
-                   llm_api_options=None, engine_dir: str | None = None) -> EngineOptions:
-    """Flags (+ YAML) -> validated options; bad values raise click.BadParameter."""
+def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, llm_api_options=None,
+                   engine_dir: str | None = None, **spec_flags: Any) -> EngineOptions:
+    """Flags (+ YAML) -> validated options; bad values raise click.BadParameter. spec_flags:
+    the `spec_options` flags (method, budget, ...), each a `SpecConfig` field (None: the default)."""
     try:
-        spec = SpecConfig().with_overrides(method=method, budget=budget, rank_cap=rank_cap,
-                                           width_profile=width_profile, width_rule=width_rule, draft_gate=draft_gate)
+        spec = SpecConfig().with_overrides(**spec_flags)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
     expect = None
