@@ -25,21 +25,13 @@ from runtime.model.graphs import MASKED, export_onnx, lm_head, padded, pool_inpu
 from runtime.model.llama import LlamaTarget
 
 
-def check_shares_embeddings(drafter: DFlashDrafter, target: LlamaTarget) -> None:
-    """The drafter reads the target's embeddings and lm_head: vocab and hidden size must match
-    (its tapped layers are checked at load)."""
-    d, t = drafter.config, target.config
-    if (d.vocab_size, d.hidden_size) != (t.vocab_size, t.hidden_size):
-        raise ValueError(f"drafter (vocab {d.vocab_size}, hidden {d.hidden_size}) does not fit the target "
-                         f"(vocab {t.vocab_size}, hidden {t.hidden_size})")
-
-
 class BatchDraftGraph(nn.Module):
     output_names = ("logits",)
 
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
+        """`drafter` reads `target`'s embeddings and lm_head: it was checked to fit the target at
+        load (`DrafterConfig.check_fits`; the export may run on a layer-truncated target)."""
         super().__init__()
-        check_shares_embeddings(drafter, target)
         self.drafter, self.target, self.rotary = drafter, target, drafter.config.rotary()
         self.scale = drafter.config.head_dim ** -0.5
         # a reduced draft vocabulary scores only its rows of the lm_head
