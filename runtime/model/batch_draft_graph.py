@@ -46,7 +46,7 @@ class BatchDraftGraph(nn.Module):
         """The drafter's normed states [B, L, H] of every block's slots 1..L (see the module docstring)."""
         cfg = self.drafter.config
         layers, hq, hkv, d = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        rows = torch.arange(block_ids.numel()).view(block_ids.shape)  # [B, L+1]: each block is one slot
+        rows = torch.arange(block_ids.numel(), device=block_ids.device).view(block_ids.shape)  # [B, L+1]: a slot each
         mask = None if context_mask is None else context_mask[:, None, None, :]  # [B, 1, 1, C]
 
         def attend(i, q, k, v):  # no mask within the block: [B, L+1, Hq, d]
