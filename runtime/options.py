@@ -50,11 +50,13 @@ _SPEC_OPTIONS = [
                  help="ar: autoregressive; chain: standard DFlash (top-1 block); cast: best-first tree [cast]."),
     click.option("--budget", type=BudgetType(), default=None,
                  help="CAST tree budget N (nonroot nodes per verify, <= L x K) or 'auto' [auto]."),
-    click.option("--rank-cap", type=click.IntRange(min=1), default=None, help="K: tokens kept per drafted position [8]."),
+    click.option("--rank-cap", type=click.IntRange(min=1), default=None,
+                 help="K: tokens kept per drafted position [8]."),
     click.option("--profile", "--width-profile", "width_profile", type=click.Path(dir_okay=False), default=None,
                  help="Width profile JSON (verify cost by packed count) used by --budget auto."),
     click.option("--width-rule", type=click.Choice(WIDTH_RULES), default=None,
-                 help="auto: 'table' maximizes (1+g(N))/latency over measured buckets; 'marginal' is Theorem 2 [table]."),
+                 help="auto: 'table' maximizes (1+g(N))/latency over measured buckets; 'marginal' is "
+                      "Theorem 2 [table]."),
     click.option("--draft-gate/--no-draft-gate", default=None,
                  help="auto: skip drafting in rounds where AR measures faster [on]."),
     click.option("--extra-llm-api-options", "llm_api_options", type=click.Path(dir_okay=False), default=None,
@@ -88,13 +90,12 @@ class EngineOptions:
     engine_dir: str | None = None
 
 
-def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, method=None,
-                   budget=None, rank_cap=None, width_profile=None, width_rule=None, draft_gate=None,
-                   llm_api_options=None, engine_dir: str | None = None) -> EngineOptions:
-    """Flags (+ YAML) -> validated options; bad values raise click.BadParameter."""
+def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, llm_api_options=None,
+                   engine_dir: str | None = None, **spec_flags: Any) -> EngineOptions:
+    """Flags (+ YAML) -> validated options; bad values raise click.BadParameter. spec_flags:
+    the `spec_options` flags (method, budget, ...), each a `SpecConfig` field (None: the default)."""
     try:
-        spec = SpecConfig().with_overrides(method=method, budget=budget, rank_cap=rank_cap,
-                                           width_profile=width_profile, width_rule=width_rule, draft_gate=draft_gate)
+        spec = SpecConfig().with_overrides(**spec_flags)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
     expect = None

@@ -21,10 +21,7 @@ class StopChecker:
         stop_strings: Sequence[str],
         max_new_tokens: int,
     ) -> None:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if any(not s for s in stop_strings):
-            raise ValueError("stop strings must be non-empty")
+        # max_new_tokens >= 1 and non-empty stop strings: `runtime.engine.Request` checked them
         if stop_strings and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode the output")
         self.tokenizer = tokenizer

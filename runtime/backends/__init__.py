@@ -7,5 +7,6 @@
                  eagerly (`runtime.engine.backend.TorchTarget`), onnxruntime exported:
   ort_target     `OrtTarget`: the exported batched verify graph on onnxruntime's CPU provider;
   ort_drafter    `OrtDrafter`: the DFlash drafter's batched draft and context graphs;
-  onnx_cache     where those graphs are exported to on first use, and reused from.
+  onnx_cache     where those graphs are exported to on first use (and reused from), and the
+                 CPU session plumbing both onnxruntime backends share.
 """

@@ -1,4 +1,5 @@
-"""Export-once cache of a target's verify graph for the onnxruntime backend.
+"""Export-once cache of a target's verify graph for the onnxruntime backend, and the
+session plumbing both onnxruntime backends share (`cpu_threads`, `cpu_sessions`, `run_bound`).
 
 The graph is `runtime.model.batch_graph.BatchVerifyGraph`: one pass over every live
 request's pack or prompt, K/V read in place from the backend's slot pool, a tied lm_head
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from runtime.model import batch_graph, graphs
@@ -32,16 +34,50 @@ GRAPH_FILE = "verify.onnx"
 WEIGHT_SAMPLES = 4096  # values hashed per weight tensor
 
 
-def session_options(threads: int, spinning: bool):
-    """CPU session options both backends use: `threads` intra-op, sequential, spinning as asked."""
+def cpu_threads(who: str, weight: torch.Tensor, threads: int | None) -> int:
+    """The intra-op thread count (default: torch's) of an onnxruntime backend over `weight`'s
+    model, which must be fp32 on the CPU (and onnxruntime installed: checked before any export)."""
+    import onnxruntime  # noqa: F401
+
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        raise ValueError(f"{who} runs an fp32 CPU target; this one is {weight.dtype} on {weight.device} "
+                         "(load it with --dtype float32 --device cpu)")
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return threads
+
+
+def cpu_sessions(paths: Sequence[Path], threads: int, spinning: bool, what: str) -> list:
+    """One CPU InferenceSession per graph: `threads` intra-op, sequential, idle workers
+    spin-waiting as asked (env SPIN overrides)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("SPIN", "1" if spinning else "0"))
-    return options
+    spin = os.environ.get("SPIN", "1" if spinning else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    start = time.perf_counter()
+    sessions = [ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for p in paths]
+    print(f"[ort] {what} loaded in {time.perf_counter() - start:.1f} s ({threads} thread(s))", file=sys.stderr,
+          flush=True)
+    return sessions
+
+
+def run_bound(session, inputs: dict[str, np.ndarray], pool: dict[str, torch.Tensor],
+              outputs: dict[str, np.ndarray]) -> None:
+    """One run of `session`: host `inputs` copied in, the `pool` views (fp32 CPU) bound in place
+    by address, fp32 `outputs` written into the given arrays."""
+    binding = session.io_binding()
+    for name, array in inputs.items():
+        binding.bind_cpu_input(name, np.ascontiguousarray(array))
+    for name, view in pool.items():
+        binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.data_ptr())
+    for name, array in outputs.items():
+        binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+    session.run_with_iobinding(binding)
 
 
 def hash_weights(digest, module: torch.nn.Module) -> None:

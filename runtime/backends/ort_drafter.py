@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from runtime.backends.onnx_cache import export_once, hash_weights, model_identity, onnx_root, session_options
+from runtime.backends.onnx_cache import (cpu_sessions, cpu_threads, export_once, hash_weights, model_identity,
+                                         onnx_root, run_bound)
 from runtime.backends.pooled_drafter import PooledDrafter
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.model import DFlashDrafter
 from runtime.model import batch_draft_graph, draft_graphs
-from runtime.model.batch_graph import pool_input_names
+from runtime.model.draft_graphs import CONTEXT_OUTPUTS
+from runtime.model.graphs import pool_input_names
 from runtime.model.llama import LlamaTarget
 
 DRAFT_FILE, CONTEXT_FILE = "draft.onnx", "context.onnx"
@@ -76,47 +76,21 @@ class OrtDrafter(PooledDrafter):
 
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget, threads: int | None = None,
                  cache_dir: str | Path | None = None, spinning: bool = False, export: bool = True) -> None:
-        import onnxruntime as ort
-
-        weight = target.lm_head.weight
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError(f"OrtDrafter runs with an fp32 CPU target; this one is {weight.dtype} on "
-                             f"{weight.device} (load it with --dtype float32 --device cpu)")
-        threads = torch.get_num_threads() if threads is None else threads
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+        threads = cpu_threads("OrtDrafter", target.lm_head.weight, threads)
         drafter, _ = bind_to_target(drafter, target)
         self._init_pool(drafter, target)
-        self.threads = threads
-        options = session_options(threads, spinning)
-        start = time.perf_counter()
-        draft_path, context_path = drafter_graph_paths(drafter, target, cache_dir, export)
-        providers = ["CPUExecutionProvider"]
-        self.draft_session = ort.InferenceSession(str(draft_path), options, providers=providers)
-        self.context_session = ort.InferenceSession(str(context_path), options, providers=providers)
+        paths = drafter_graph_paths(drafter, target, cache_dir, export)
+        self.draft_session, self.context_session = cpu_sessions(paths, threads, spinning, "drafter graphs")
         self.pool_names = pool_input_names("context", drafter.config.num_hidden_layers)
-        print(f"[ort] drafter graphs loaded in {time.perf_counter() - start:.1f} s ({threads} thread(s))",
-              file=sys.stderr, flush=True)
 
     def _context(self, taps: torch.Tensor, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        layers, hkv, d = self.pool.shape
-        keys, values = (np.empty((len(taps), layers, hkv, d), dtype=np.float32) for _ in range(2))
-        binding = self.context_session.io_binding()
-        binding.bind_cpu_input("taps", np.ascontiguousarray(taps.cpu(), dtype=np.float32))
-        binding.bind_cpu_input("position_ids", positions)
-        for name, array in (("context_keys", keys), ("context_values", values)):
-            binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
-        self.context_session.run_with_iobinding(binding)
-        return torch.from_numpy(keys), torch.from_numpy(values)
+        outputs = {name: np.empty((len(taps), *self.pool.shape), dtype=np.float32) for name in CONTEXT_OUTPUTS}
+        inputs = {"taps": np.ascontiguousarray(taps.cpu(), dtype=np.float32), "position_ids": positions}
+        run_bound(self.context_session, inputs, {}, outputs)
+        return tuple(torch.from_numpy(a) for a in outputs.values())
 
     def _draft(self, inputs: dict[str, np.ndarray], lo: int, hi: int) -> torch.Tensor:
-        batch = len(inputs["block_ids"])
-        sub = np.empty((batch, self.num_draft_positions, self.draft_vocab), dtype=np.float32)  # [B, L, Vd]
-        binding = self.draft_session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, view in zip(self.pool_names, self.pool.layer_views(lo, hi)):  # bound in place
-            binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.data_ptr())
-        binding.bind_output("logits", "cpu", 0, np.float32, list(sub.shape), sub.ctypes.data)
-        self.draft_session.run_with_iobinding(binding)
-        return torch.from_numpy(sub)
+        logits = np.empty((len(inputs["block_ids"]), self.num_draft_positions, self.draft_vocab), dtype=np.float32)
+        run_bound(self.draft_session, inputs, dict(zip(self.pool_names, self.pool.layer_views(lo, hi))),
+                  {"logits": logits})  # [B, L, Vd]
+        return torch.from_numpy(logits)

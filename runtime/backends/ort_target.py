@@ -11,17 +11,15 @@ prefix), and its outputs into fresh arrays.
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from runtime.backends.onnx_cache import session_options, verify_graph_path
+from runtime.backends.onnx_cache import cpu_sessions, cpu_threads, run_bound, verify_graph_path
 from runtime.backends.pooled_target import PooledTarget
-from runtime.model.batch_graph import pool_input_names
+from runtime.model.graphs import pool_input_names
 from runtime.model.llama import LlamaTarget
 
 
@@ -42,44 +40,23 @@ class OrtTarget(PooledTarget):
 
     def __init__(self, model: LlamaTarget, tap_layer_ids: Sequence[int] = (), threads: int | None = None,
                  cache_dir: str | Path | None = None, spinning: bool = False, export: bool = True) -> None:
-        import onnxruntime as ort
-
-        weight = model.lm_head.weight
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError(f"OrtTarget runs an fp32 CPU target; this one is {weight.dtype} on {weight.device} "
-                             "(load it with --dtype float32 --device cpu)")
-        cfg = model.config
-        tap_layer_ids = cfg.tap_layers(tap_layer_ids)
-        threads = torch.get_num_threads() if threads is None else threads
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        self.model, self.config = model, cfg
-        self.tap_layer_ids = tap_layer_ids
-        self.device, self.dtype, self.threads = torch.device("cpu"), torch.float32, threads
+        threads = cpu_threads("OrtTarget", model.lm_head.weight, threads)
+        self.model, self.config = model, model.config
+        self.tap_layer_ids = model.config.tap_layers(tap_layer_ids)
+        self.device, self.dtype = torch.device("cpu"), torch.float32
         path = verify_graph_path(model, self.tap_layer_ids, cache_dir, export)
-        options = session_options(threads, spinning)
-        start = time.perf_counter()
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        print(f"[ort] verify graph loaded in {time.perf_counter() - start:.1f} s ({threads} thread(s))",
-              file=sys.stderr, flush=True)
+        (self.session,) = cpu_sessions([path], threads, spinning, "verify graph")
         self._init_pool()
-        self.pool_names = pool_input_names("past", cfg.num_layers)
+        self.pool_names = pool_input_names("past", model.config.num_layers)
 
     def _forward(self, inputs: dict[str, np.ndarray], lo: int, hi: int):
         """One graph run; the pool's slots [lo, hi) bound in place, outputs into fresh arrays
         (the engine may keep a round's logits)."""
         total, m, (layers, hkv, d) = len(inputs["input_ids"]), len(inputs["logit_rows"]), self.pool.shape
-        logits = np.empty((m, self.config.vocab_size), dtype=np.float32)  # [m, V]
-        keys, values = (np.empty((total, layers, hkv, d), dtype=np.float32) for _ in range(2))
-        taps = np.empty((total, self.tap_width), dtype=np.float32) if self.tap_layer_ids else None  # [T, F]
-        binding = self.session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, view in zip(self.pool_names, self.pool.layer_views(lo, hi)):  # bound in place
-            binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.data_ptr())
-        outputs = (("logits", logits), ("new_keys", keys), ("new_values", values)) + (
-            (("taps", taps),) if taps is not None else ())
-        for name, array in outputs:
-            binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
-        self.session.run_with_iobinding(binding)
-        return tuple(None if a is None else torch.from_numpy(a) for a in (logits, keys, values, taps))
+        outputs = {"logits": np.empty((m, self.config.vocab_size), dtype=np.float32),  # [m, V]
+                   **{name: np.empty((total, layers, hkv, d), dtype=np.float32) for name in ("new_keys", "new_values")}}
+        if self.tap_layer_ids:
+            outputs["taps"] = np.empty((total, self.tap_width), dtype=np.float32)  # [T, F]
+        run_bound(self.session, inputs, dict(zip(self.pool_names, self.pool.layer_views(lo, hi))), outputs)
+        logits, keys, values, *taps = (torch.from_numpy(a) for a in outputs.values())
+        return logits, keys, values, taps[0] if taps else None

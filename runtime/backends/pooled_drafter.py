@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from runtime.backends.slot_pool import MASKED, Slot, SlotPool
+from runtime.backends.slot_pool import Slot, SlotPool
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead, DraftScores
 from runtime.model.llama import LlamaTarget
@@ -97,6 +97,5 @@ class PooledDrafter:
         inputs = {"block_ids": block,
                   "position_ids": (lengths[:, None] + np.arange(S)).astype(np.int64),  # [B, S]
                   "slot_rows": np.array([s.index - lo for s in states], dtype=np.int64),
-                  "context_mask": np.where(np.arange(self.pool.capacity)[None, :] < lengths[:, None], 0.0,
-                                           MASKED).astype(np.float32)}  # [B, C]
+                  "context_mask": self.pool.length_mask(lengths)}  # [B, C]
         return DraftScores(self._draft(inputs, lo, hi), self.draft_ids, self.vocab_size)

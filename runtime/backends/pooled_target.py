@@ -77,7 +77,7 @@ class PooledTarget:
         positions = np.arange(seq.length, seq.length + n, dtype=np.int64)
         causal = torch.ones(1, n, n, dtype=torch.bool, device=self.device).tril()
         out = self._run([seq], tokens, positions, causal, [n], np.array([n - 1]))
-        self.pool.commit(seq, np.arange(n))
+        self.pool.commit_many([seq], [np.arange(n)])
         return out
 
     def verify(self, seqs: Sequence[Slot], packs: Sequence[np.ndarray], trees: Sequence[Tree]
@@ -106,7 +106,7 @@ class PooledTarget:
 
     def commit(self, seq: Slot, kept_rows: np.ndarray) -> None:
         """Keep pack rows [0] + accepted path: K/V -> x∘b∘y_1:A."""
-        self.pool.commit(seq, kept_rows)
+        self.pool.commit_many([seq], [kept_rows])
 
     def commit_many(self, seqs: Sequence[Slot], kept_rows: Sequence[np.ndarray]) -> None:
         """`commit` for every request of one pass: one gather-scatter on the device."""

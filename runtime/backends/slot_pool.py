@@ -2,7 +2,8 @@
 
 Layout: keys, values are [layers, slots, Hkv, C, d] torch tensors (the model's dtype and
 device, zeros when made), so keys[i] is layer i's [slots, Hkv, C, d] and any slot range
-of it is contiguous (onnxruntime binds it by address; torch passes the view). A request owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
+of it is contiguous (onnxruntime binds it by address; torch passes the view). A request
+owns one slot s; its committed rows are [0, P) of keys[i][s] on axis C.
 A batched pass binds, per layer, the slot range [lo, hi) that covers its requests as one
 contiguous [hi - lo, Hkv, C, d] input, in place (no per-round copy of any prefix): the
 graph masks each slot's columns >= P, and a slot in the range that is not in the batch
@@ -129,23 +130,22 @@ class SlotPool:
 
     def past_mask(self, slots: list[Slot], lo: int, hi: int) -> np.ndarray:
         """[hi - lo, C] float32 additive: 0 on each batch slot's committed columns, MASKED elsewhere."""
-        columns = np.arange(self.capacity)
-        lengths = np.full(hi - lo, 0, dtype=np.int64)  # a slot outside the batch sees nothing
-        for s in slots:
-            lengths[s.index - lo] = s.length
-        return np.where(columns[None, :] < lengths[:, None], 0.0, MASKED).astype(np.float32)
+        lengths = np.zeros(hi - lo, dtype=np.int64)  # a slot outside the batch sees nothing
+        lengths[[s.index - lo for s in slots]] = [s.length for s in slots]
+        return self.length_mask(lengths)
+
+    def length_mask(self, lengths: np.ndarray) -> np.ndarray:
+        """[R, C] float32 additive: 0 on row r's first lengths[r] columns, MASKED elsewhere."""
+        return np.where(np.arange(self.capacity)[None, :] < lengths[:, None], 0.0, MASKED).astype(np.float32)
 
     def committed(self, slot: Slot) -> tuple[np.ndarray, np.ndarray]:
         """Copies of a slot's committed K and V rows, token-major [P, layers, Hkv, d]."""
         p = slot.length
         return tuple(a[:, slot.index, :, :p].permute(2, 0, 1, 3).cpu().numpy() for a in (self.keys, self.values))
 
-    def commit(self, slot: Slot, kept_rows: np.ndarray) -> None:
-        """Keep rows `kept_rows` ([m] increasing, relative to the slot's last pass) -> [P, P+m)."""
-        self.commit_many([slot], [kept_rows])
-
     def commit_many(self, slots: Sequence[Slot], kept_rows: Sequence[np.ndarray]) -> None:
-        """`commit` for every slot of one pass at once: one gather-scatter per pool tensor."""
+        """Keep rows kept_rows[b] ([m] increasing, relative to the slot's last pass) of every slot
+        of one pass -> its rows [P, P+m): one gather-scatter per pool tensor."""
         if any(slot.pending is None for slot in slots):
             raise ValueError("commit without a pass: run prefill or verify first")
         source, slot_index, column = [], [], []
@@ -183,9 +183,10 @@ def pack_inputs(slots: Sequence[Slot], sizes: Sequence[int], visible: torch.Tens
         gather[s, :size] = np.arange(row, row + size)
         gather[s, size:] = row
         scatter[row:row + size] = s * n + np.arange(size)
-    real = torch.arange(n, device=visible.device)[None, :] < torch.as_tensor(list(sizes), device=visible.device)[:, None]
-    pack = torch.full((hi - lo, n, n), MASKED, dtype=torch.float32, device=visible.device)
-    pack[torch.from_numpy(index).to(visible.device)] = torch.where(
+    device = visible.device
+    real = torch.arange(n, device=device)[None, :] < torch.as_tensor(list(sizes), device=device)[:, None]  # [B, n]
+    pack = torch.full((hi - lo, n, n), MASKED, dtype=torch.float32, device=device)
+    pack[torch.from_numpy(index).to(device)] = torch.where(
         visible & real[:, None, :] & real[:, :, None], 0.0, MASKED)
     return gather, scatter, pack
 

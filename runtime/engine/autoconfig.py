@@ -113,14 +113,6 @@ def make_drafter(name: str, drafter: Any, model: Any, threads: int, graphs: Path
     return DrafterExecutor(drafter, model)
 
 
-def verify_ms(backend: Any, widths=PROBE_WIDTHS, prefix: int = PROBE_PREFIX, repeats: int = PROBE_REPEATS
-              ) -> dict[str, float]:
-    """Median ms of one verify pass (B = 1, chain packs) at each packed count on a `prefix`-token
-    cache: the engine's own pass, timed by `runtime.engine.latency_probe`."""
-    medians = verify_medians(backend, widths, prefix, warmup=1, iters=repeats, shape="chain")
-    return {f"n={n}": ms for n, ms in medians.items()}
-
-
 def measure(model: Any, device: torch.device, device_name: str, key: str, tap_layer_ids: tuple[int, ...] = (),
             progress: Callable[[str], None] = lambda _: None) -> ExecChoice:
     """Time every candidate on `model` and pick the fastest. Another dtype is timed on a
@@ -136,8 +128,9 @@ def measure(model: Any, device: torch.device, device_name: str, key: str, tap_la
             if wanted not in copies:
                 copies[wanted] = copy.deepcopy(model).to(wanted)
             try:
-                timed = make_backend(backend, copies[wanted], tap_layer_ids, threads)
-                results[f"{backend}/{dtype}/{threads}"] = verify_ms(timed)
+                timed = make_backend(backend, copies[wanted], tap_layer_ids, threads)  # B = 1, chain packs
+                medians = verify_medians(timed, PROBE_WIDTHS, PROBE_PREFIX, iters=PROBE_REPEATS, shape="chain")
+                results[f"{backend}/{dtype}/{threads}"] = {f"n={n}": ms for n, ms in medians.items()}
             except (ImportError, RuntimeError, ValueError, OSError) as err:  # a backend that cannot run here
                 progress(f"{backend} {dtype} skipped: {err}")
     finally:

@@ -1,17 +1,8 @@
 """Target executor backends: what the engine calls to run the target.
 
 A backend owns how a forward runs (framework, dtype, graphs); the engine owns the round.
-Contract (the round contract of ARCHITECTURE.md, per request `seq`):
-  new_sequence(capacity) -> seq   a request's target state (KV cache of `capacity` rows)
-  prefill(seq, ids [P])           runs the prompt, commits it; -> (last-row logits [1, V], taps [P, F])
-  verify(seqs, packs, trees)      ONE pass over every pack; leaves n_b pending rows per seq;
-                                  -> (logits [Σn, V], taps [Σn, F] | None), rows in pack order
-  verify_trees(seqs, roots, trees, sizes)  the same pass from a device TreeBatch (no host read)
-  commit(seq, kept_rows)          keeps pack rows [0] + accepted path: KV -> x∘b∘y_1:A
-  commit_many(seqs, kept_rows)    `commit` for every request of one pass: one device gather
-  prefix_len(seq)                 P = committed rows
-  release(seq)                    the request is done: its cache rows may be reused
-Every backend runs ONE forward over every request per round (`runtime.backends.pooled_target`):
+`TargetBackend` is the round contract of ARCHITECTURE.md, per request `seq`. Every backend
+runs ONE forward over every request per round (`runtime.backends.pooled_target`):
 `TorchTarget` in torch eager (fp32 or bf16, CPU or CUDA), `OrtTarget` as the exported graph.
 """
 
@@ -34,16 +25,19 @@ class TargetBackend(Protocol):
     device: torch.device
     dtype: torch.dtype
 
-    def new_sequence(self, capacity: int) -> Any: ...
+    def new_sequence(self, capacity: int) -> Any: ...  # a request's target state (KV cache of `capacity` rows)
+    # runs the prompt ids [P] and commits it -> (last-row logits [1, V], taps [P, F])
     def prefill(self, seq: Any, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    # ONE pass over every pack; leaves n_b pending rows per seq -> (logits [Σn, V], taps [Σn, F] | None)
     def verify(self, seqs: Sequence[Any], packs: Sequence[np.ndarray], trees: Sequence[Tree]
                ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    # the same pass from a device TreeBatch (no host read)
     def verify_trees(self, seqs: Sequence[Any], roots: torch.Tensor, trees: Any, sizes: Sequence[int]
                      ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-    def commit(self, seq: Any, kept_rows: np.ndarray) -> None: ...
-    def commit_many(self, seqs: Sequence[Any], kept_rows: Sequence[np.ndarray]) -> None: ...
-    def prefix_len(self, seq: Any) -> int: ...
-    def release(self, seq: Any) -> None: ...
+    def commit(self, seq: Any, kept_rows: np.ndarray) -> None: ...  # keep rows [0] + accepted path: x∘b∘y_1:A
+    def commit_many(self, seqs: Sequence[Any], kept_rows: Sequence[np.ndarray]) -> None: ...  # one device gather
+    def prefix_len(self, seq: Any) -> int: ...  # P = committed rows
+    def release(self, seq: Any) -> None: ...  # the request is done: its cache rows may be reused
 
 
 class TorchTarget(PooledTarget):

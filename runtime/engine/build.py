@@ -175,25 +175,23 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
         choice = autoconfig.measure(models.target, dev, device_name(dev), key, taps, say)
         path = autoconfig.save_choice(choice)
         execution = f"measured now (cache {path}): {choice.describe()}"
-        if getattr(torch, choice.dtype) != models.dtype:
-            models = dataclasses.replace(models, target=models.target.to(getattr(torch, choice.dtype)),
-                                         dtype=getattr(torch, choice.dtype))
+        wanted = getattr(torch, choice.dtype)
+        if wanted != models.dtype:
+            models = dataclasses.replace(models, target=models.target.to(wanted), dtype=wanted)
     if choice is not None and threads is None:
         torch.set_num_threads(choice.threads)
-    backend = "torch" if choice is None else choice.backend
-    if graphs is not None:
-        backend = "onnxruntime"
+    backend = "onnxruntime" if graphs is not None else "torch" if choice is None else choice.backend
+    num_threads = torch.get_num_threads()  # as asked, as chosen, or torch's
     if auto or graphs is not None:
-        say(f"execution: {backend} {str(models.dtype).removeprefix('torch.')}, {torch.get_num_threads()} thread(s) "
-            f"({execution})")
-    target = autoconfig.make_backend(backend, models.target, taps, torch.get_num_threads(), graphs)
+        say(f"execution: {backend} {str(models.dtype).removeprefix('torch.')}, {num_threads} thread(s) ({execution})")
+    target = autoconfig.make_backend(backend, models.target, taps, num_threads, graphs)
     draft = None if models.drafter is None else autoconfig.make_drafter(backend, models.drafter, models.target,
-                                                                          torch.get_num_threads(), graphs)
+                                                                          num_threads, graphs)
     width, path, cost = None, None, None
     if draft is not None and spec.width_rule == "marginal":
         width, path = width_source(spec, models.name, models.dtype, dev, draft.mass_exponent)
     elif draft is not None:
-        probe = None if choice is None else choice.measured_ms.get(f"{backend}/{choice.dtype}/{torch.get_num_threads()}")
+        probe = None if choice is None else choice.measured_ms.get(f"{backend}/{choice.dtype}/{num_threads}")
         cost, cache, source = online_cost(spec, models.name, models.dtype, dev, backend, draft.mass_exponent,
                                           spec.max_nodes(draft.num_draft_positions), probe,
                                           head_identity(models.drafter))

@@ -101,17 +101,15 @@ class LatencyProbe:
             raise ValueError(f"the target backend taps layers {tuple(backend.tap_layer_ids)}; the drafter needs "
                              f"{tuple(drafter.tap_layer_ids)}")
         self.prefix, self.batch = prompt.numel(), batch
-        block = drafter.config.block_size if drafter is not None else 0
-        window = backend.config.context_window
-        if self.prefix + max_packed + block > window:
+        capacity = self.prefix + max_packed + (drafter.config.block_size if drafter is not None else 0)
+        if capacity > backend.config.context_window:
             raise ValueError(f"prefix {self.prefix} + {max_packed} packed tokens exceed the target's context "
-                             f"window of {window}")
+                             f"window of {backend.config.context_window}")
         self.backend, self.drafter, self.max_packed = backend, drafter, max_packed
         self.depth, self.rank_cap = depth, rank_cap
         self.vocab = backend.config.vocab_size
         self.clock = Stopwatch(backend.device)
         self.rng = np.random.default_rng(seed)
-        capacity = self.prefix + max_packed + block
         self.seqs, self.states, taps = [], [], []
         try:
             for _ in range(batch):  # every request prefills through the backend, as the engine's do
@@ -151,16 +149,13 @@ class LatencyProbe:
             raise ValueError(f"packed count {n} exceeds the probe's max_packed {self.max_packed}")
         return [probe_tree(n, shape, self.rng, self.vocab, self.depth, self.rank_cap) for _ in range(self.batch)]
 
-    def packs(self, trees: Sequence[Tree]) -> list[np.ndarray]:
-        """[n_b] int64 per request: a random pending root, then the tree's tokens."""
-        return [np.concatenate([[self.rng.integers(self.vocab)], t.tokens]).astype(np.int64) for t in trees]
-
     def time_verify(self, trees: Sequence[Tree], packs: Sequence[np.ndarray] | None = None
                     ) -> tuple[float, torch.Tensor]:
         """ms of ONE verify pass over every request's pack -> (ms, logits [Σn, V])."""
         if len(trees) != self.batch:
             raise ValueError(f"the probe holds {self.batch} requests, got {len(trees)} trees")
-        packs = self.packs(trees) if packs is None else packs
+        if packs is None:  # a random pending root, then the tree's tokens
+            packs = [np.concatenate([[self.rng.integers(self.vocab)], t.tokens]).astype(np.int64) for t in trees]
         ms, (logits, _) = self.timed(lambda: self.backend.verify(self.seqs, packs, trees))
         self.check_prefix()
         return ms, logits
@@ -220,12 +215,11 @@ class LatencyProbe:
         return samples
 
 
-def verify_medians(backend: Any, packed: Sequence[int], prefix: int, batch: int = 1, warmup: int = 1,
-                   iters: int = 5, shape: str = "tree", seed: int = 0) -> dict[int, float]:
-    """Median verify ms per packed count n of `backend` at B requests of a random P-token prefix."""
+def verify_medians(backend: Any, packed: Sequence[int], prefix: int, iters: int = 5, shape: str = "tree"
+                   ) -> dict[int, float]:
+    """Median verify ms per packed count n of `backend` (one request, a random P-token prefix, one warm-up)."""
     if not packed:
         raise ValueError("need at least one packed count to time")
-    with LatencyProbe(backend, random_prompt(backend.config.vocab_size, prefix, seed), batch, max(packed),
-                      seed=seed) as probe:
-        samples = probe.verify_curve(packed, warmup, iters, shape)
+    with LatencyProbe(backend, random_prompt(backend.config.vocab_size, prefix), max_packed=max(packed)) as probe:
+        samples = probe.verify_curve(packed, warmup=1, iters=iters, shape=shape)
     return {n: Stats.of(v).median for n, v in samples.items()}

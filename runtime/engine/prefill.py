@@ -9,15 +9,14 @@ no prompt waits forever behind a busy batch, and a long prompt never stalls the 
 for its whole prefill.
 
 Each chunk runs in a pass of its own after the decode pass, not inside it: the batched
-forward pads every slot of a pass to its widest pack (`runtime.model.batch_graph`), so a
-100-token chunk beside 32 one-token AR packs made the pass attend 32 x 100 query rows;
-measured on this CPU (default engine, 32 GSM8K prompts x 32 tokens, `python -m perf.concurrency`,
-now `python -m perf.bench throughput`; two runs of the same hour) AR went from 119.7 / 128.6
-tok/s end to end at 16 / 32 requests (own passes) to 105.1 / 92.7 (fused). Fusing chunks into the decode pass needs a ragged
-attention (the varlen tree-attention kernel on CUDA). When a prompt's last chunk is in, the
-request samples its first token from the chunk's last row (min_tokens / bad_words
-applied, logprobs kept) and decodes from the next round; the chunks' taps wait in
-`pending_taps` for the drafter's next batched context pass.
+forward pads every slot to its widest pack (`runtime.model.batch_graph`), so a 100-token
+chunk beside 32 one-token AR packs made the pass attend 32 x 100 query rows (measured,
+`python -m perf.bench throughput`, 32 GSM8K prompts: AR 119.7 / 128.6 tok/s at 16 / 32
+requests in own passes, 105.1 / 92.7 fused; fusing needs a ragged attention, the varlen
+kernel on CUDA). When a prompt's last chunk is in, the request samples its first token
+from the chunk's last row (min_tokens / bad_words applied, logprobs kept) and decodes
+from the next round; the chunks' taps wait in `pending_taps` for the drafter's next
+batched context pass.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.spec_config import AUTO, SpecConfig
-from cast_trtllm.tree import Tree, allocate_shared_budget, build_chain, build_tree, sorted_prefix_masses
+from cast_trtllm.tree import Tree, build_chain, build_tree
 from runtime.device_trees import TreeBatch, best_first, chain
 
 
@@ -39,10 +39,11 @@ def choose_trees(
     lp: np.ndarray,  # [B, L, K]
     spec: SpecConfig,
     width: WidthSource | None,
-    scales: Sequence[float] | None = None,  # per request: realized / forecast acceptance so far
+    scales: Sequence[float],  # per request: realized / forecast acceptance so far
 ) -> tuple[list[Tree], list[np.ndarray | None]]:
     """One tree per drafted request (same order as `methods`), and the sorted prefix masses
-    each `auto` request's tree was chosen from (None for the others)."""
+    each `auto` request's tree was chosen from (None for the others). auto's widths are
+    `device_trees`' (`_auto_sizes`), from each request's best-first candidates on the host."""
     trees: list[Tree | None] = [None] * len(methods)
     masses: list[np.ndarray | None] = [None] * len(methods)
     auto = []
@@ -54,24 +55,27 @@ def choose_trees(
         else:
             trees[b] = build_tree(ids[b], lp[b], int(budget))
     if auto:
-        if width is None:
-            raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
-        rule = width(max(prefix_lens[b] for b in auto))
-        limit = min(rule.max_budget * len(auto), spec.max_nodes(ids.shape[1]) * len(auto))
-        for b in auto:  # this request's masses, rescaled by what the target has accepted of them
-            scale = 1.0 if scales is None else scales[b]
-            masses[b] = np.minimum(sorted_prefix_masses(lp[b], limit // len(auto)) * scale, 1.0)
-        if len(auto) == 1:
-            b = auto[0]
-            n = int(rule.choose(masses[b], batch=1).budget)
-            trees[b] = build_tree(ids[b], lp[b], n)
-        else:
-            pooled = np.sort(np.concatenate([masses[b] for b in auto]))[::-1][:limit]
-            total = int(rule.choose(pooled, batch=len(auto)).budget)
-            shared = allocate_shared_budget([(ids[b], lp[b]) for b in auto], total, cap=spec.max_request_width)
-            for b, tree in zip(auto, shared):
-                trees[b] = tree
+        rule, widest = _auto_rule(width, prefix_lens, auto, spec, ids.shape[1])
+        score, depth = np.full((len(auto), widest), -np.inf), np.zeros((len(auto), widest))
+        for j, b in enumerate(auto):  # best-first order: every top-n tree is a prefix of this one
+            wide = build_tree(ids[b], lp[b], widest)
+            score[j, :wide.size], depth[j, :wide.size] = wide.score, wide.depth
+        sizes = [0] * len(methods)
+        _auto_sizes(auto, score, depth, rule, spec, ids.shape[1], scales, sizes, masses)
+        for b in auto:
+            trees[b] = build_tree(ids[b], lp[b], sizes[b])
     return trees, masses  # type: ignore[return-value]
+
+
+def _auto_rule(width: WidthSource | None, prefix_lens: Sequence[int], auto: list[int], spec: SpecConfig,
+               L: int) -> tuple[WidthChooser, int]:
+    """auto's width rule (at its longest prefix) and how many best-first candidates each
+    auto request needs: its own reach alone, the per-request cap in a shared budget."""
+    if width is None:
+        raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
+    rule = width(max(prefix_lens[b] for b in auto))
+    reach = rule.max_budget if len(auto) == 1 else max(rule.max_budget, spec.max_request_width)
+    return rule, min(reach, spec.max_nodes(L))
 
 
 def expected_committed(tree: Tree, beta: float) -> float:
@@ -107,13 +111,8 @@ def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_le
     cast = [b for b, m in enumerate(methods) if m == "cast"]
     auto = [b for b in cast if budgets[b] == AUTO]
     sizes = [L if m == "chain" else 0 if b in auto else int(budgets[b]) for b, m in enumerate(methods)]
-    rule = None
-    if auto:
-        if width is None:
-            raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
-        rule = width(max(prefix_lens[b] for b in auto))
-    reach = rule.max_budget if len(auto) == 1 else max(rule.max_budget, spec.max_request_width) if auto else 0
-    widest = max([sizes[b] for b in cast if b not in auto] + [min(reach, spec.max_nodes(L))])  # one search for all
+    rule, reach = _auto_rule(width, prefix_lens, auto, spec, L) if auto else (None, 0)
+    widest = max([sizes[b] for b in cast if b not in auto] + [reach])  # one search for all
     trees = chain(ids, lp) if len(cast) < B else None
     if widest > 0:
         searched = best_first(ids, lp, widest)

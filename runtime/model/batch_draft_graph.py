@@ -16,27 +16,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from runtime.drafter.model import DFlashDrafter
 from runtime.drafter.vocab import DraftHead
-from runtime.model.batch_graph import padded, pool_input_names, slot_attention
-from runtime.model.draft_graphs import check_shares_embeddings
-from runtime.model.graphs import export_onnx, lm_head, rope_rows
-from runtime.model.layers import apply_rope
+from runtime.model.graphs import MASKED, export_onnx, lm_head, padded, pool_input_names, run_layers, slot_attention
 from runtime.model.llama import LlamaTarget
-
-MASKED = float(np.finfo(np.float32).min)
 
 
 class BatchDraftGraph(nn.Module):
+    output_names = ("logits",)
+
     def __init__(self, drafter: DFlashDrafter, target: LlamaTarget) -> None:
+        """`drafter` reads `target`'s embeddings and lm_head: it was checked to fit the target at
+        load (`DrafterConfig.check_fits`; the export may run on a layer-truncated target)."""
         super().__init__()
-        check_shares_embeddings(drafter, target)
         self.drafter, self.target, self.rotary = drafter, target, drafter.config.rotary()
         self.scale = drafter.config.head_dim ** -0.5
+        # a reduced draft vocabulary scores only its rows of the lm_head
         self.head = None if drafter.d2t is None else DraftHead(target.lm_head.weight, drafter.d2t)
 
     @property
@@ -44,29 +42,25 @@ class BatchDraftGraph(nn.Module):
         return ("block_ids", "position_ids", "slot_rows", "context_mask") + pool_input_names(
             "context", self.drafter.config.num_hidden_layers)
 
-    def forward(self, block_ids, position_ids, slot_rows, context_mask, *pool):
+    def hidden(self, block_ids, position_ids, slot_rows, context_mask, pool) -> torch.Tensor:
+        """The drafter's normed states [B, L, H] of every block's slots 1..L (see the module docstring)."""
         cfg = self.drafter.config
         layers, hq, hkv, d = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        h = self.target.embed_tokens(block_ids.flatten())  # [B*(L+1), H]
-        cos, sin = rope_rows(self.rotary, position_ids.flatten(), h.dtype)
-        rows = torch.arange(block_ids.numel()).view(block_ids.shape)  # [B, L+1]: each block is one slot
-        mask = context_mask[:, None, None, :]  # [B, 1, 1, C]
-        for i, layer in enumerate(self.drafter.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_norm(attn.q_proj(x).view(-1, hq, d))
-            k = attn.k_norm(attn.k_proj(x).view(-1, hkv, d))
-            q, k = apply_rope(q, cos, sin, d // 2) * self.scale, apply_rope(k, cos, sin, d // 2)
-            v = attn.v_proj(x).view(-1, hkv, d)
+        rows = torch.arange(block_ids.numel(), device=block_ids.device).view(block_ids.shape)  # [B, L+1]: a slot each
+        mask = None if context_mask is None else context_mask[:, None, None, :]  # [B, 1, 1, C]
+
+        def attend(i, q, k, v):  # no mask within the block: [B, L+1, Hq, d]
             past_k, past_v = (pool[j].index_select(0, slot_rows) for j in (i, layers + i))  # [B, Hkv, C, d]
-            out = slot_attention(padded(q, rows, hq, d), padded(k, rows, hkv, d), padded(v, rows, hkv, d),
-                                 past_k, past_v, mask, None, hkv, hq // hkv)  # [B, Hq, L+1, d]
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(-1, hq * d))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        hidden = self.drafter.norm(h.unflatten(0, (-1, cfg.block_size))[:, 1:])  # [B, L, H]: drop the root slot
-        if self.head is None:
-            return lm_head(self.target, hidden, shared=False)
-        return self.head.draft_logits(hidden)
+            return slot_attention(padded(q * self.scale, rows, hq, d), padded(k, rows, hkv, d), padded(v, rows, hkv, d),
+                                  past_k, past_v, mask, None, hkv, hq // hkv).transpose(1, 2)
+
+        h = run_layers(self.drafter.layers, self.target.embed_tokens(block_ids.flatten()), self.rotary,
+                       position_ids.flatten(), (hq, hkv, d), attend)[0]
+        return self.drafter.norm(h.unflatten(0, (-1, cfg.block_size))[:, 1:])  # drop each block's root slot
+
+    def forward(self, block_ids, position_ids, slot_rows, context_mask, *pool):
+        hidden = self.hidden(block_ids, position_ids, slot_rows, context_mask, pool)
+        return lm_head(self.target, hidden, shared=False) if self.head is None else self.head.draft_logits(hidden)
 
 
 def export_batch_draft_graph(graph: BatchDraftGraph, path: str | Path) -> None:
@@ -82,8 +76,7 @@ def export_batch_draft_graph(graph: BatchDraftGraph, path: str | Path) -> None:
     pool = [torch.randn(slots, cfg.num_key_value_heads, capacity, cfg.head_dim, generator=gen).to(weight.dtype)
             for _ in range(2 * cfg.num_hidden_layers)]
     args = tuple(a.to(weight.device) for a in (block, positions, torch.tensor([2, 0]), mask.to(weight.dtype), *pool))
-    names = pool_input_names("context", cfg.num_hidden_layers)
     dynamic = {"block_ids": {0: "B"}, "position_ids": {0: "B"}, "slot_rows": {0: "B"},
                "context_mask": {0: "B", 1: "capacity"}, "logits": {0: "B"},
-               **{name: {0: "slots", 2: "capacity"} for name in names}}
-    export_onnx(graph, args, Path(path), graph.input_names, ("logits",), dynamic)
+               **{name: {0: "slots", 2: "capacity"} for name in graph.input_names[4:]}}
+    export_onnx(graph, args, path, dynamic)

@@ -106,7 +106,6 @@ def _not_computed(config: Any, rope_type: str, rope_theta: float | None) -> list
 class Attention(nn.Module):
     def __init__(self, cfg: TargetConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)

@@ -57,8 +57,8 @@ def run_ort(path, feed):
 def test_bitmask_expands_to_the_additive_ancestor_mask_with_padding_words():
     tree = random_tree(64, budget=40, seed=1)
     words = bitmask(tree, num_words=3)  # 41 tokens: 2 words needed, 1 padding word
-    got = bitmask_to_additive(torch.from_numpy(words), torch.zeros(7), torch.float32)
-    assert torch.equal(got, additive_mask(tree, 7)[0, 0])
+    got = bitmask_to_additive(torch.from_numpy(words), torch.float32)
+    assert torch.equal(got, additive_mask(tree, 0)[0, 0])
 
 
 def test_profiles_tile_the_packed_range_one_per_bucket():
