@@ -57,13 +57,13 @@ def choose_trees(
     if auto:
         rule, widest = _auto_rule(width, prefix_lens, auto, spec, ids.shape[1])
         score, depth = np.full((len(auto), widest), -np.inf), np.zeros((len(auto), widest))
-        for j, b in enumerate(auto):  # best-first order: every top-n tree is a prefix of this one
-            wide = build_tree(ids[b], lp[b], widest)
-            score[j, :wide.size], depth[j, :wide.size] = wide.score, wide.depth
+        wide = [build_tree(ids[b], lp[b], widest) for b in auto]  # best first: each top-n tree is a head
+        for j, tree in enumerate(wide):
+            score[j, :tree.size], depth[j, :tree.size] = tree.score, tree.depth
         sizes = [0] * len(methods)
         _auto_sizes(auto, score, depth, rule, spec, ids.shape[1], scales, sizes, masses)
-        for b in auto:
-            trees[b] = build_tree(ids[b], lp[b], sizes[b])
+        for b, tree in zip(auto, wide):
+            trees[b] = tree.head(min(sizes[b], tree.size))
     return trees, masses  # type: ignore[return-value]
 
 
