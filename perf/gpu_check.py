@@ -174,7 +174,7 @@ def probe(model, prefixes, packed, warmup, iters, seed) -> dict[int, list[float]
     """{prefix: [median verify ms per packed count]}: the engine's B = 1 pass over best-first
     trees, never committed (the cache stays at P)."""
     backend = TorchTarget(model)
-    return {p: list(verify_medians(backend, packed, p, 1, warmup, iters, "tree", seed).values()) for p in prefixes}
+    return {p: list(verify_medians(backend, packed, p, iters, "tree", warmup, seed).values()) for p in prefixes}
 
 
 def probe_section(args: argparse.Namespace, device: torch.device, device_name: str, sku: str,

@@ -215,11 +215,12 @@ class LatencyProbe:
         return samples
 
 
-def verify_medians(backend: Any, packed: Sequence[int], prefix: int, iters: int = 5, shape: str = "tree"
-                   ) -> dict[int, float]:
-    """Median verify ms per packed count n of `backend` (one request, a random P-token prefix, one warm-up)."""
+def verify_medians(backend: Any, packed: Sequence[int], prefix: int, iters: int = 5, shape: str = "tree",
+                   warmup: int = 1, seed: int = 0) -> dict[int, float]:
+    """Median verify ms per packed count n of `backend` (one request, a random P-token prefix)."""
     if not packed:
         raise ValueError("need at least one packed count to time")
-    with LatencyProbe(backend, random_prompt(backend.config.vocab_size, prefix), max_packed=max(packed)) as probe:
-        samples = probe.verify_curve(packed, warmup=1, iters=iters, shape=shape)
+    prompt = random_prompt(backend.config.vocab_size, prefix, seed)
+    with LatencyProbe(backend, prompt, max_packed=max(packed)) as probe:
+        samples = probe.verify_curve(packed, warmup=warmup, iters=iters, shape=shape)
     return {n: Stats.of(v).median for n, v in samples.items()}
