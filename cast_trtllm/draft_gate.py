@@ -21,7 +21,9 @@ wall-clock ms decide.
 Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft
 pass and a padded verify, so the gate plays the table's choice from the first round (on
 masses inherited from the engine's last drafting request until it has its own) and never
-probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once.
+probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once. On a
+cold engine (nothing to inherit yet) only the oldest auto request drafts (the engine's
+scout); the others inherit its masses the round after.
 
 A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta)
 (the expected committed length, paper §2), not the realized R: R of one round is 1 or
@@ -163,6 +165,7 @@ class DraftGate:
         if other.predicted > 0:
             shrink = min(1.0, pseudo_tokens / other.predicted)
             self.realized, self.predicted = other.realized * shrink, other.predicted * shrink
+        self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 
     def typical_masses(self) -> np.ndarray | None:
         """This request's typical prefix masses, scaled by its realized / predicted acceptance."""

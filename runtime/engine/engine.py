@@ -151,10 +151,25 @@ class LLMEngine:
             if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this round's batch
                 s.gate.batch = len(batch)
                 s.draft_next = s.gate.draft_next()
+        if len(batch) > 1:
+            self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
             self.probing = self.load_probe.due(masses, len(batch))  # every gated request tries drafting at once
         return [s for s in batch if s.method != "ar" and (s.draft_next or (self.probing and s.gate is not None))]
+
+    def _scout(self, cold: list[Sequence], batch: int) -> None:
+        """Under load, auto requests with no masses of their own (a cold engine's first wave)
+        do not all draft to learn them: once any request has drafted they inherit its masses
+        and the table decides; until then only the oldest (the scout) drafts."""
+        source = self.last_gate
+        for i, s in enumerate(cold):
+            if source is not None:
+                s.gate.batch = batch
+                s.gate.inherit(source)
+                s.draft_next = s.gate.draft_next()
+            elif i > 0:
+                s.draft_next = False
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:

@@ -11,6 +11,7 @@ from cast_trtllm.sampling import SamplingParams
 from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DrafterExecutor, random_drafter
 from runtime.engine import LLMEngine, Request
+from runtime.engine.trees import MeanBudget
 from tests.runtime.doubles import CharTokenizer, ScriptedDrafter, fresh_kv, tiny_target
 
 PROMPTS = [[1, 2, 3], [40, 41, 7, 7, 7, 2], [9], [63, 0, 12, 33, 8, 5, 5, 19, 21]]
@@ -239,3 +240,20 @@ def test_max_draft_len_shortens_the_chain(tiny):
     engine = LLMEngine(tiny, drafter, spec=SpecConfig(method="chain", max_draft_len=3))
     out = engine.generate([Request(PROMPTS[1], 20)])[0]
     assert out.token_ids == _ar(tiny, PROMPTS[1], 20) and set(out.budgets) == {3}
+
+
+def test_a_cold_engine_under_load_sends_one_scout_and_the_others_inherit_its_masses(tiny):
+    """Four gated auto requests join a fresh engine at once: the first round drafts for the
+    oldest only (drafting all of them to learn what one can tell costs the whole batch);
+    then every other request holds the scout's masses, and the outputs stay AR's."""
+    drafter = DrafterExecutor(random_drafter(tiny.config, block_size=8, seed=3), tiny)
+    engine = LLMEngine(tiny, drafter, spec=SpecConfig(gate_probe_every=2), width=lambda prefix: MeanBudget(4))
+    seqs = [engine.add_request(Request(p, 24, budget="auto", draft_gate=True)) for p in PROMPTS[:4]]
+    while any(not s.drafted for s in seqs):  # until every request has had its first decode round
+        engine.step()
+    assert [s.drafted[0] for s in seqs] == [True, False, False, False]
+    engine.step()  # the next round's gates start from the scout's masses
+    assert all(s.gate.masses is not None for s in seqs)
+    while engine.active:
+        engine.step()
+    assert [s.tokens for s in seqs] == [_ar(tiny, p, 24) for p in PROMPTS[:4]]
