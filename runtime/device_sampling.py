@@ -31,7 +31,8 @@ from runtime.device_trees import TreeBatch
 
 
 def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor, params: Sequence[SamplingParams],
-                   uniforms: torch.Tensor, children: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   uniforms: torch.Tensor, children: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One lossless stochastic walk per row of `tree`, all at once.
 
     tree: [B, W] the walks' trees (siblings carry distinct tokens, as best-first trees do);
@@ -60,9 +61,10 @@ def sampled_accept(tree: TreeBatch, logits: torch.Tensor, offsets: torch.Tensor,
     accepted = torch.zeros_like(row)
     committed = torch.zeros(B, levels, dtype=torch.int64, device=dev)
     rows = []
+    # each walk's final residual (where it stopped), drawn from after the loop
     stop = {"row": row, "at": row, "u": uniforms[:, 0, 2 * K], "scale": torch.ones(B, dtype=torch.float64, device=dev),
             "mu": torch.zeros(B, C, dtype=torch.float64, device=dev), "tok": row.new_zeros(B, C),
-            "valid": torch.zeros(B, C, dtype=torch.bool, device=dev)}  # each walk's final residual, drawn after the loop
+            "valid": torch.zeros(B, C, dtype=torch.bool, device=dev)}
     for d in range(levels):  # a live walk has accepted d nodes at level d
         rows.append(row)
         z = processed_rows(logits[offsets + row], params)  # [B, V] the law at the node, as logits

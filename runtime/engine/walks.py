@@ -96,7 +96,8 @@ def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch,
         host = [h.reshape(p.shape) for h, p in zip(np.split(flat, np.cumsum([p.numel() for p in parts])[:-1]), parts)]
     if trees is None:
         tokens, parent, depth, score = host[-4:]
-        trees = tree_batch.to_host({"tokens": tokens, "parent": parent, "depth": depth, "score": score.view(np.float64)})
+        host_trees = {"tokens": tokens, "parent": parent, "depth": depth, "score": score.view(np.float64)}
+        trees = tree_batch.to_host(host_trees)
         trees = [t.head(min(t.size, n)) for t, n in zip(trees, sizes)]
     for group, won in zip([g for g in (greedy, sampled) if g], host):
         steps = (won.shape[1] - 1) // 2  # [accepted, rows (steps), committed (steps)]
