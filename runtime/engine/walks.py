@@ -62,7 +62,7 @@ def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch,
     request; logits: [Σn, V] the pass's rows in `flat_rows` order; walk(b, tree, processed rows)
     walks request b on the host (None: `host_walk`, and the lossless walks may run on the
     device; a relaxed rule's walk runs every sampled request on the host); uniforms: (levels,
-    C) a device-sampled request draws [levels, 2C + 1] per round: 1 + the deepest tree any
+    K) a device-sampled request draws [levels, 2K + 1] per round: 1 + the deepest tree any
     request of the engine can have, and its rank cap K (the most children of a node)."""
     packed = [1 + s for s in sizes]
     offsets = np.cumsum([0] + packed)
@@ -78,13 +78,13 @@ def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch,
         rows, accepted, committed = greedy_accept(tree_batch.select(pick), roots[pick], argmax[pick])
         parts.append(torch.cat([accepted[:, None], rows, committed], 1))
     if sampled:  # each draws the same count every round (a seed's stream must not depend on the batch)
-        levels, C = uniforms
-        u = torch.stack([torch.rand(levels, 2 * C + 1, generator=batch[b].generator, dtype=torch.float64)
+        levels, K = uniforms
+        u = torch.stack([torch.rand(levels, 2 * K + 1, generator=batch[b].generator, dtype=torch.float64)
                          for b in sampled])[:, :1 + min(tree_batch.max_depth, tree_batch.width)]
         u = u.to(logits.device, non_blocking=True)
         start = torch.as_tensor(offsets[sampled], device=logits.device)
         pick = torch.as_tensor(sampled, device=logits.device)
-        kids = max(min(C, 1 if batch[b].method == "chain" else max(1, sizes[b])) for b in sampled)  # slots to try
+        kids = max(min(K, 1 if batch[b].method == "chain" else max(1, sizes[b])) for b in sampled)  # slots to try
         rows, accepted, committed = sampled_accept(tree_batch.select(pick), logits, start,
                                                    [batch[b].request.sampling for b in sampled], u, kids)
         parts.append(torch.cat([accepted[:, None], rows, committed], 1))
@@ -103,7 +103,7 @@ def walk_round(batch: Sequence, trees: list[Tree] | None, tree_batch: TreeBatch,
         steps = (won.shape[1] - 1) // 2  # [accepted, rows (steps), committed (steps)]
         for j, b in enumerate(group):
             a = int(won[j, 0])
-            accs[b] = Acceptance(path=won[j, 2: 1 + a + 1].copy(), tokens=won[j, 1 + steps: 1 + steps + a].copy(),
+            accs[b] = Acceptance(path=won[j, 2: 2 + a].copy(), tokens=won[j, 1 + steps: 1 + steps + a].copy(),
                                  next_root=int(won[j, 1 + steps + a]))
     processed = {}
     for b, seq in enumerate(batch):
