@@ -11,7 +11,13 @@ it prices width wrongly (a 1-thread CPU profile at 2 threads is about 3x too ste
   adds time, nothing removes it), so stalls, even several in one window, do not move it,
   and every cell is read the same way, which keeps the cells comparable.
 - draft_ms(B): what drafting adds to a round (the drafter call and the tree/mask host
-  work), read the same way (`observe_draft`).
+  work), read the same way (`observe_draft`). Beyond the widest batch read (or from the
+  prior, a B = 1 figure) it grows as the filled verify curve does from that batch's
+  `draft_rows` x B rows to B's: a drafter pass is B blocks of rows on the same hardware,
+  so a compute-bound CPU prices drafting 16 requests near 5x one (measured there: 61 ms
+  against 12 ms for two), and a flat (memory-bound) curve keeps it near flat. Held flat,
+  a fresh engine under load priced its first drafted rounds at the one-request cost and
+  drafted where AR wins (cast:auto 0.91x AR at c = 16, 32 GSM8K prompts).
 - cells never measured are filled from the `prior` (a width profile row or a first-use
   probe, packed count -> ms at B = 1; B > 1 reads it at B x bucket packed tokens) mapped
   onto the measured cells by an affine fit a + s * prior: the prior keeps its shape (its
@@ -59,6 +65,7 @@ class OnlineCostModel:
     probe_every: int = 4  # every k-th choose may play a neighbour bucket
     refresh_rounds: int = 512  # a neighbour unread this many rounds is probed again
     rank_cap: int = 8  # K: tokens kept per drafted position (the runtime reads it)
+    draft_rows: int = 16  # rows per request of one drafter block pass (L + 1)
     max_budget: int | None = None  # None: widest bucket - 1
     mass_exponent: float = 1.0  # calibration: a node's acceptance ~= rho ** exponent
     # learned state, changed only by observe_* (and choose's probe counter)
@@ -76,7 +83,7 @@ class OnlineCostModel:
             self.prior = dict(zip(n, milliseconds_list([self.prior[k] for k in n], "OnlineCostModel.prior",
                                                        "ms", "packed count", n)))
         milliseconds(self.prior_draft_ms, "OnlineCostModel.prior_draft_ms", positive=False)
-        for name in ("window", "min_readings", "probe_every", "refresh_rounds"):
+        for name in ("window", "min_readings", "probe_every", "refresh_rounds", "draft_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"OnlineCostModel.{name} must be >= 1, got {getattr(self, name)}")
         if self.min_readings > self.window:
@@ -120,10 +127,9 @@ class OnlineCostModel:
     def _table(self, batch: int) -> np.ndarray:
         row = self.verify.get(batch, {})
         own = {b: typical(v) for b, v in row.items()}
-        cells = [(batch * b, ms) for b, ms in own.items()] or [  # no cell of its own: every batch's
-            (bb * b, typical(v)) for bb, r in self.verify.items() for b, v in r.items()]
-        x_cells, y_cells = np.array(cells, np.float64).reshape(-1, 2).T  # [M] packed tokens of the pass, ms
-        filled = self._fill(np.array(self.buckets, np.float64) * batch, x_cells, y_cells)
+        cells = ((batch * np.array(list(own), np.float64), np.array(list(own.values()), np.float64)) if own
+                 else self._all_cells())  # no cell of its own: every batch's
+        filled = self._fill(np.array(self.buckets, np.float64) * batch, *cells)
         # a cell read fewer than min_readings times is priced no higher than the fill: one
         # stalled first reading must not hide a bucket that the other cells say is cheap
         out = [f if b not in own else own[b] if len(row[b]) >= self.min_readings else min(own[b], f)
@@ -157,12 +163,25 @@ class OnlineCostModel:
             out = np.where(n > pn[-1], pm[-1] + slope * (n - pn[-1]), out)
         return out
 
+    def _all_cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every batch's measured cells -> (packed tokens of the pass [M], ms [M])."""
+        cells = [(bb * b, typical(v)) for bb, r in self.verify.items() for b, v in r.items()]
+        x_cells, y_cells = np.array(cells, np.float64).reshape(-1, 2).T
+        return x_cells, y_cells
+
     def draft_ms(self, batch: int = 1) -> float:
-        """Draft cost at `batch`, linear between measured batch sizes, flat beyond."""
+        """Draft cost at `batch`: linear between measured batch sizes; below the first, flat;
+        beyond the widest (or from the prior), scaled as the verify curve (module docstring)."""
+        check_batch(batch)
         known = sorted(b for b, v in self.draft.items() if v)
-        if not known:
-            return self.prior_draft_ms
-        return float(np.interp(batch, known, [typical(self.draft[b]) for b in known]))
+        ms = [typical(self.draft[b]) for b in known]
+        if known and batch <= known[-1]:
+            return float(np.interp(batch, known, ms))
+        base, at = (ms[-1], known[-1]) if known else (self.prior_draft_ms, 1)
+        if batch == at or base == 0.0:
+            return base
+        rows = self._fill(np.array([at, batch], np.float64) * self.draft_rows, *self._all_cells())
+        return base * float(rows[1] / rows[0]) if rows[0] > 0 and rows[1] > rows[0] else base
 
     def round_ms(self, packed: int, batch: int = 1, drafted: bool = True) -> float:
         """Predicted ms of a round packing `packed` tokens per request (+ the draft if drafted)."""

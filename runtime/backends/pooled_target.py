@@ -56,7 +56,6 @@ class PooledTarget:
         -> logits [m, V], taps [T, F] | None."""
         for slot, size in zip(slots, sizes):
             slot.check_room(size)
-        self.pool.reserve(max(slot.length + size for slot, size in zip(slots, sizes)))
         lo, hi = self.pool.slot_range(list(slots))
         gather, scatter, pack = pack_inputs(slots, sizes, visible, lo, hi)
         inputs = {"input_ids": tokens, "position_ids": positions, "gather_rows": gather, "scatter_rows": scatter,

@@ -113,8 +113,9 @@ class SlotPool:
         return out
 
     def reserve(self, rows: int) -> None:
-        """At least `rows` columns C (rounded up to `CAPACITY_STEP`). C follows what is written,
-        not what requests may reach: every pass attends over all C columns."""
+        """At least `rows` columns C (rounded up to `CAPACITY_STEP`). C follows the rows committed,
+        not what requests may reach nor a pass's pack (its K/V leave as outputs): every pass
+        attends over all C columns, so one 127-node pack must not widen C for every later round."""
         if rows > self.capacity:
             self._resize(self.num_slots, -(-rows // CAPACITY_STEP) * CAPACITY_STEP)
 
@@ -160,6 +161,7 @@ class SlotPool:
         keys, values = slots[0].pending[:2]
         if any(slot.pending[0] is not keys for slot in slots):
             raise ValueError("commit_many takes the slots of one pass")
+        self.reserve(max(slot.length + len(kept) for slot, kept in zip(slots, kept_rows)))
         rows, index, cols = (torch.from_numpy(np.concatenate(a)).to(self.device) for a in (source, slot_index, column))
         for pool, new in ((self.keys, keys), (self.values, values)):  # pending [T, layers, Hkv, d]
             pool[:, index, :, cols] = new.index_select(0, rows)  # advanced dims first: [m, layers, Hkv, d]

@@ -103,7 +103,8 @@ def head_identity(drafter: torch.nn.Module) -> str:
 
 
 def online_cost(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: torch.device, backend: str,
-                mass_exponent: float, max_budget: int, probe_ms: dict[str, float] | None, drafter: str):
+                mass_exponent: float, max_budget: int, probe_ms: dict[str, float] | None, drafter: str,
+                draft_rows: int):
     """The live cost curve of `auto` (table rule): the cached model learned on this machine
     and configuration, else a new one whose prior is this run's first-use probe, else the
     named or nearest profile. Returns (model, cache path, where the prior came from)."""
@@ -113,7 +114,7 @@ def online_cost(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: 
     key = cost_cache_key(device_name(device), backend, str(dtype).removeprefix("torch."), torch.get_num_threads(),
                          target_name, drafter)
     path = default_cache_dir() / f"{key}.json"
-    knobs = {"mass_exponent": mass_exponent, "rank_cap": spec.rank_cap,
+    knobs = {"mass_exponent": mass_exponent, "rank_cap": spec.rank_cap, "draft_rows": draft_rows,
              "max_budget": min(max_budget, DEFAULT_BUCKETS[-1] - 1)}
     if path.is_file() and spec.width_profile is None:
         try:
@@ -194,7 +195,7 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
         probe = None if choice is None else choice.measured_ms.get(f"{backend}/{choice.dtype}/{num_threads}")
         cost, cache, source = online_cost(spec, models.name, models.dtype, dev, backend, draft.mass_exponent,
                                           spec.max_nodes(draft.num_draft_positions), probe,
-                                          head_identity(models.drafter))
+                                          head_identity(models.drafter), draft.num_draft_positions + 1)
         atexit.register(_save_quietly, cost, cache)
         width, path = (lambda prefix_len: cost), f"online cost model; prior: {source}"
     engine = LLMEngine(target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)

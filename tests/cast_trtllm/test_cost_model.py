@@ -116,6 +116,38 @@ def test_a_batch_without_readings_is_priced_by_packed_tokens_from_the_others():
     assert model.verify_ms(batch=4)[1] == 99.0
 
 
+def learned_alone(verify_ms) -> OnlineCostModel:
+    """A table read by one request only (B = 1, buckets 1..16, draft 8 ms), as a fresh engine
+    has it when its first wave of concurrent requests joins."""
+    model = OnlineCostModel(probe_every=10_000)
+    for b in (1, 2, 4, 8, 16):
+        for _ in range(3):
+            model.observe_verify(b, float(verify_ms(b)))
+    model.observe_draft(8.0)
+    return model
+
+
+def test_draft_cost_beyond_the_widest_batch_read_grows_as_the_verify_curve_does():
+    steep = learned_alone(true_ms)  # compute-bound: a pass of 16 blocks costs ~7x one block
+    ratio = true_ms(16 * steep.draft_rows) / true_ms(steep.draft_rows)
+    assert steep.draft_ms(16) == pytest.approx(8.0 * ratio, rel=0.02)
+    steep.observe_draft(20.0, batch=4)  # read at 4: interpolated up to it, scaled from it beyond
+    assert steep.draft_ms(2) == pytest.approx(12.0)
+    assert steep.draft_ms(16) == pytest.approx(20.0 * true_ms(256) / true_ms(64), rel=0.02)
+    flat = learned_alone(lambda n: 20.0)  # memory-bound: one pass costs the same at any width
+    assert flat.draft_ms(16) == pytest.approx(8.0)
+    prior_only = OnlineCostModel(prior={1: 20.0, 256: 250.0}, prior_draft_ms=4.0)
+    assert prior_only.draft_ms(1) == 4.0 and prior_only.draft_ms(8) > 4 * prior_only.draft_ms(1)
+
+
+def test_a_table_learned_alone_prices_drafting_under_load_only_where_the_machine_pays_for_it():
+    rounds = np.repeat(MASSES[:20] ** 2, 16)  # 16 requests drafting like the lone one did (2.9x AR alone)
+    steep = learned_alone(true_ms)
+    assert steep.best_rate(rounds, 16) < steep.ar_rate(16)  # 16 blocks of drafting cost ~7x one
+    flat = learned_alone(lambda n: 20.0)
+    assert flat.best_rate(rounds, 16) > flat.ar_rate(16)
+
+
 def test_with_every_bucket_read_choose_agrees_with_width_policy_on_the_same_table():
     model = OnlineCostModel(probe_every=10_000, mass_exponent=1.5)
     for b in DEFAULT_BUCKETS:

@@ -12,7 +12,8 @@ MASSES = [np.array([0.9, 0.8, 0.6])] * 8
 
 def _table(tree_ms: float) -> OnlineCostModel:
     """Batch 8: AR rounds 20 ms, drafted rounds `tree_ms` + 10 ms of drafting."""
-    model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=10.0, probe_every=10_000)
+    model = OnlineCostModel(buckets=(1, 2, 4, 8), probe_every=10_000)
+    model.observe_draft(10.0, batch=8)
     for _ in range(3):
         model.observe_verify(8, 20.0, batch=8)
         for bucket in (2, 4, 8):
