@@ -75,6 +75,7 @@ class OnlineCostModel:
     last_read: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False)
     chooses: int = field(default=0, init=False, repr=False)
     tables: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # verify_ms cache
+    drafts: dict[int, float] = field(default_factory=dict, init=False, repr=False)  # draft_ms cache
 
     def __post_init__(self) -> None:
         self.buckets = ascending_ints(tuple(self.buckets), "OnlineCostModel.buckets")
@@ -102,6 +103,7 @@ class OnlineCostModel:
         milliseconds(ms, "observe_verify ms")
         self.rounds += 1
         self.tables.clear()
+        self.drafts.clear()
         slot = self._slot(-(-packed_count // batch))
         if slot < len(self.buckets):
             bucket = self.buckets[slot]
@@ -112,6 +114,7 @@ class OnlineCostModel:
         """What drafting added to one round of `batch` requests (drafter call + tree host work)."""
         check_batch(batch)
         self._push(self.draft.setdefault(batch, []), milliseconds(ms, "observe_draft ms", positive=False))
+        self.drafts.clear()
 
     def _push(self, readings: list[float], ms: float) -> None:
         readings.append(float(ms))
@@ -173,6 +176,11 @@ class OnlineCostModel:
         """Draft cost at `batch`: linear between measured batch sizes; below the first, flat;
         beyond the widest (or from the prior), scaled as the verify curve (module docstring)."""
         check_batch(batch)
+        if batch not in self.drafts:
+            self.drafts[batch] = self._draft(batch)
+        return self.drafts[batch]
+
+    def _draft(self, batch: int) -> float:
         known = sorted(b for b, v in self.draft.items() if v)
         ms = [typical(self.draft[b]) for b in known]
         if known and batch <= known[-1]:
