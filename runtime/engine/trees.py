@@ -133,7 +133,8 @@ def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: Wid
                 scales: Sequence[float], sizes: list[int], masses: list) -> None:
     """auto's widths from its requests' best-first scores [A, W] (and depths, for the tie
     order): one request by its own masses; several by ONE shared budget from their pooled
-    masses, split by global best-first mass (Proposition 2), each capped at max_request_width."""
+    masses, split by global best-first mass (Proposition 2), each capped at max_request_width and at
+    the per-request width the rule priced."""
     limit = min(rule.max_budget * len(auto), spec.max_nodes(L) * len(auto))
     for j, b in enumerate(auto):
         mass = np.exp(score[j][np.isfinite(score[j])][: limit // len(auto)])
@@ -142,8 +143,11 @@ def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: Wid
         sizes[auto[0]] = min(int(rule.choose(masses[auto[0]], batch=1).budget), len(masses[auto[0]]))
         return
     pooled = np.sort(np.concatenate([masses[b] for b in auto]))[::-1][:limit]
-    total = int(rule.choose(pooled, batch=len(auto)).budget)
-    cap = min(spec.max_request_width, score.shape[1])
+    choice = rule.choose(pooled, batch=len(auto))
+    total, bucket = int(choice.budget), getattr(choice, "bucket", None)
+    # the rule priced every pack padded to `bucket` tokens: none may be wider, since the pass pads every
+    # request to its widest pack (B = 4, 16 packed tokens: 79.5 ms as 4 x 4, 96.1 ms as 13 + 1 + 1 + 1)
+    cap = min(spec.max_request_width, score.shape[1], bucket - 1 if bucket else score.shape[1])
     s, d = score[:, :cap], depth[:, :cap]
     request = np.broadcast_to(np.arange(len(auto))[:, None], s.shape)
     finite = np.isfinite(s)
