@@ -71,7 +71,6 @@ class PooledDrafter:
             state.check_room(m)
         if sum(sizes) == 0:
             return
-        self.pool.reserve(max(s.length + m for s, m in zip(states, sizes)))
         rows = torch.cat([t.detach().float() for t in taps])  # [T, F] where the target left them
         positions = np.concatenate([np.arange(s.length, s.length + m) for s, m in zip(states, sizes)]).astype(np.int64)
         keys, values = self._context(rows, positions)

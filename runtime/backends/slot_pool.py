@@ -10,9 +10,11 @@ graph masks each slot's columns >= P, and a slot in the range that is not in the
 is masked whole. Head-major [Hkv, C, d] rows make K^T a transpose of the last two axes,
 which onnxruntime fuses into its MatMul (no copy of the prefix in the graph either).
 
-Slots are taken lowest-first, so a batch's range stays dense. The pool grows (slots
-doubled; C to the rows actually written, rounded up to `CAPACITY_STEP`) when a pass needs
-more: a rare copy, never per round. `release` frees a slot; a `Slot` freed by the garbage collector frees itself.
+Slots are taken lowest-first, so a batch's range stays dense. Slots double when none is
+free. C follows the rows committed (rounded up to `CAPACITY_STEP`): it grows when a commit
+needs more and shrinks, keeping one step of headroom, once the live requests' longest is two
+steps or more below it (a long request has left). Both are rare copies, never per round.
+`release` frees a slot; a `Slot` freed by the garbage collector frees itself.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class SlotPool:
         self.shape, self.dtype, self.device = (num_layers, num_kv_heads, head_dim), dtype, torch.device(device)
         self.keys = self.values = torch.zeros((num_layers, 0, num_kv_heads, 0, head_dim), dtype=dtype, device=device)
         self.in_use: list[bool] = []
+        self.live: weakref.WeakValueDictionary[int, Slot] = weakref.WeakValueDictionary()  # index -> last Slot given it
         self._resize(4, CAPACITY_STEP)
 
     @property
@@ -74,12 +77,12 @@ class SlotPool:
 
     def _resize(self, slots: int, capacity: int) -> None:
         layers, hkv, d = self.shape
-        old_slots, old_c = self.keys.shape[1], self.keys.shape[3]
+        old_slots, kept = self.keys.shape[1], min(self.keys.shape[3], capacity)
         grown = []
         with torch.inference_mode(False):  # plain tensors: a pass inside inference mode may grow the pool
             for old in (self.keys, self.values):
                 new = torch.zeros((layers, slots, hkv, capacity, d), dtype=self.dtype, device=self.device)
-                new[:, :old_slots, :, :old_c] = old
+                new[:, :old_slots, :, :kept] = old[:, :, :, :kept]
                 grown.append(new)
         self.keys, self.values = grown
         self.in_use += [False] * (slots - old_slots)
@@ -93,7 +96,8 @@ class SlotPool:
             self._resize(self.num_slots * 2, self.capacity)
         index = self.in_use.index(False)
         self.in_use[index] = True
-        return Slot(self, index, capacity)
+        slot = self.live[index] = Slot(self, index, capacity)
+        return slot
 
     def layer_views(self, lo: int, hi: int) -> list[torch.Tensor]:
         """Slots [lo, hi) of every layer, keys then values: 2 x layers contiguous [S, Hkv, C, d]
@@ -112,12 +116,18 @@ class SlotPool:
             out.append(value.clamp_min(floor).to(self.dtype) if value.is_floating_point() else value)
         return out
 
-    def reserve(self, rows: int) -> None:
-        """At least `rows` columns C (rounded up to `CAPACITY_STEP`). C follows the rows committed,
-        not what requests may reach nor a pass's pack (its K/V leave as outputs): every pass
-        attends over all C columns, so one 127-node pack must not widen C for every later round."""
-        if rows > self.capacity:
-            self._resize(self.num_slots, -(-rows // CAPACITY_STEP) * CAPACITY_STEP)
+    def fit(self, rows: int) -> None:
+        """C for a commit reaching `rows`: grown to cover it, or shrunk to the live requests' longest
+        plus one step once that is two steps or more below C. Every pass attends over all C columns,
+        so C follows the rows committed: not what requests may reach, not a pass's pack (its K/V
+        leave as outputs; one 127-node tree must not widen every later round), not a request that
+        has left (B = 16 decode at prefix 150, embedded target: C = 384 cost 1.01-1.47x C = 256)."""
+        live = [s.length for index, s in self.live.items() if self.in_use[index]]  # a released slot may linger
+        steps = -(-max([rows, *live]) // CAPACITY_STEP)
+        if steps * CAPACITY_STEP > self.capacity:
+            self._resize(self.num_slots, steps * CAPACITY_STEP)
+        elif self.capacity >= (steps + 2) * CAPACITY_STEP:
+            self._resize(self.num_slots, (steps + 1) * CAPACITY_STEP)
 
     def _free_index(self, index: int) -> None:
         self.in_use[index] = False
@@ -161,7 +171,7 @@ class SlotPool:
         keys, values = slots[0].pending[:2]
         if any(slot.pending[0] is not keys for slot in slots):
             raise ValueError("commit_many takes the slots of one pass")
-        self.reserve(max(slot.length + len(kept) for slot, kept in zip(slots, kept_rows)))
+        self.fit(max(slot.length + len(kept) for slot, kept in zip(slots, kept_rows)))
         rows, index, cols = (torch.from_numpy(np.concatenate(a)).to(self.device) for a in (source, slot_index, column))
         for pool, new in ((self.keys, keys), (self.values, values)):  # pending [T, layers, Hkv, d]
             pool[:, index, :, cols] = new.index_select(0, rows)  # advanced dims first: [m, layers, Hkv, d]

@@ -160,6 +160,29 @@ def test_batched_pass_over_a_pool_with_holes_and_growth_equals_each_request_alon
     assert ort_target.pool.capacity >= 256 and ort_target.pool.num_slots >= 6
 
 
+def test_key_columns_follow_the_live_requests_rows_not_a_pack_nor_a_request_that_left(model, cache_dir):
+    """Every pass attends over all C columns of the pool: a wide pack must not widen C, and C
+    shrinks (rows kept) once the request that needed it has left."""
+    target = OrtTarget(model, TAPS, threads=1, cache_dir=cache_dir)
+    short = target.new_sequence(400)
+    target.prefill(short, torch.arange(120) % VOCAB)
+    assert target.pool.capacity == 128
+    tree = random_tree(31, seed=3)
+    target.verify([short], [np.concatenate([[5], tree.tokens]).astype(np.int64)], [tree])  # 120 + 32 rows seen
+    target.commit(short, np.array([0, 1]))
+    assert target.pool.capacity == 128  # only the 2 kept rows were written
+    long = target.new_sequence(400)
+    target.prefill(long, torch.arange(300) % VOCAB)
+    assert target.pool.capacity == 384
+    rows = [a.copy() for a in target.pool.committed(short)]
+    target.release(long)
+    target.verify([short], [np.array([7])], [Tree.empty()])
+    target.commit(short, np.array([0]))
+    assert target.pool.capacity == 256  # the live request's 123 rows plus one step
+    for before, after in zip(rows, target.pool.committed(short)):
+        np.testing.assert_array_equal(after[:len(before)], before)
+
+
 def _generate(target, drafter, prompts, method, budget=None, max_new=40) -> list[list[int]]:
     engine = LLMEngine(target, drafter, spec=SpecConfig(method=method))
     return [r.token_ids for r in engine.generate([Request(p, max_new, method=method, budget=budget) for p in prompts])]
