@@ -39,7 +39,6 @@ so the gate never skips a tree the width rule prices as a win. Pure numpy.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -292,22 +291,3 @@ def typical(readings: Sequence[float]) -> float:
     """A cell's estimate: the lower quartile of its readings (the smallest of up to 4)."""
     return sorted(readings)[(len(readings) - 1) // 4]
 
-
-def cost_cache_key(device_name: str, backend: str, dtype: str, threads: int, target_name: str,
-                   drafter: str) -> str:
-    """One file name per machine, configuration and head, e.g.
-    `cpu-amd-epyc__onnxruntime__float32__t2__smollm2-135m__head-1a2b3c4d` (`drafter`: the
-    head's identity: another head accepts differently, so its draft costs and table differ)."""
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-    parts = (device_name, backend, dtype, f"t{threads}", target_name, drafter)
-    slugs = ["-".join("".join(c if c.isalnum() else " " for c in str(p).lower()).split()) for p in parts]
-    if not all(slugs):
-        raise ValueError(f"every cache key part needs a letter or digit, got {parts}")
-    return "__".join(slugs)
-
-
-def default_cache_dir() -> Path:
-    """Where learned tables live: `$CAST_CACHE_DIR/cost`, else `~/.cache/cast-trtllm/cost`."""
-    root = os.environ.get("CAST_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "cast-trtllm") / "cost"

@@ -108,7 +108,8 @@ def online_cost(spec: SpecConfig, target_name: str, dtype: torch.dtype, device: 
     """The live cost curve of `auto` (table rule): the cached model learned on this machine
     and configuration, else a new one whose prior is this run's first-use probe, else the
     named or nearest profile. Returns (model, cache path, where the prior came from)."""
-    from cast_trtllm.cost_model import DEFAULT_BUCKETS, OnlineCostModel, cost_cache_key, default_cache_dir
+    from cast_trtllm.cost_cache import cost_cache_key, default_cache_dir
+    from cast_trtllm.cost_model import DEFAULT_BUCKETS, OnlineCostModel
     from runtime.device import device_name
 
     key = cost_cache_key(device_name(device), backend, str(dtype).removeprefix("torch."), torch.get_num_threads(),

@@ -7,9 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from cast_trtllm.cost_model import (
-    DEFAULT_BUCKETS, OnlineCostModel, cost_cache_key, default_cache_dir, typical,
-)
+from cast_trtllm.cost_cache import cost_cache_key, default_cache_dir
+from cast_trtllm.cost_model import DEFAULT_BUCKETS, OnlineCostModel, typical
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.width import WidthPolicy
 from cast_trtllm.width import table_rule_width
