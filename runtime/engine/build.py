@@ -11,6 +11,7 @@ probe-measured profile shipped for this target, dtype and device.
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import hashlib
 import sys
@@ -179,7 +180,9 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
         execution = f"measured now (cache {path}): {choice.describe()}"
         wanted = getattr(torch, choice.dtype)
         if wanted != models.dtype:
-            models = dataclasses.replace(models, target=models.target.to(wanted), dtype=wanted)
+            # a converted copy: Module.to is in place, and the loaded model may be shared (a caller's, a test
+            # session's); converted in place, a bf16 pick turned every later fp32 user of it into bf16 rows
+            models = dataclasses.replace(models, target=copy.deepcopy(models.target).to(wanted), dtype=wanted)
     if choice is not None and threads is None:
         torch.set_num_threads(choice.threads)
     backend = "onnxruntime" if graphs is not None else "torch" if choice is None else choice.backend

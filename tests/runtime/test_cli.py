@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from cast_trtllm.cli import main
@@ -38,6 +39,23 @@ def run(embedded_checkpoint, exec_cache, monkeypatch):
             torch.set_num_threads(threads)  # the CLI applies the measured thread count
 
     return invoke
+
+
+def test_a_measured_bf16_pick_runs_on_a_converted_copy_and_leaves_the_loaded_model_fp32(
+        run, embedded_checkpoint, tmp_path, monkeypatch):
+    """The first-use probe may pick torch bf16 (it did, by a hair, in one CI run); the loaded fp32
+    model must not be rounded in place. The probe's answer is set here so the branch always runs."""
+    from runtime.engine import autoconfig
+
+    def picks_bf16(model, device, device_name, key, taps=(), progress=print):
+        return autoconfig.ExecChoice("torch", "bfloat16", 1, {}, device_name, key)
+
+    monkeypatch.setenv("CAST_CACHE_DIR", str(tmp_path))  # nothing cached: the probe runs
+    monkeypatch.setattr(autoconfig, "measure", picks_bf16)
+    result = run("--prompt", "Hi", "--max-new-tokens", "2", "--method", "ar")
+    assert result.exit_code == 0, result.output
+    assert "torch bfloat16" in result.output
+    assert all(p.dtype == torch.float32 for p in embedded_checkpoint.model.parameters())
 
 
 def test_main_job_command_prints_text_and_summary(run):
