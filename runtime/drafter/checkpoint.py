@@ -18,9 +18,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors import SafetensorError
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from runtime.drafter.config import WEIGHTS_NAME, DrafterConfig
 from runtime.drafter.model import DFlashDrafter
@@ -141,6 +138,8 @@ def save_drafter(drafter: DFlashDrafter, directory: str | Path) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     drafter.config.save(directory)
+    from safetensors.torch import save_file  # imported where used: the GPU check runs without safetensors
+
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()}
     save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
 
@@ -186,6 +185,8 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"drafter {index} is not a safetensors index: {err}") from err
     else:
         raise ValueError(f"drafter checkpoint {directory} has no {WEIGHTS_NAME} (nor {INDEX_NAME})")
+    from safetensors import SafetensorError, safe_open  # imported where used (see save_drafter)
+
     tensors = {}
     for path in files:
         try:
