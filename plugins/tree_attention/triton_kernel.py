@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from plugins.tree_attention.aot import KernelSpec
+from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.reference import check_inputs
 
 try:
