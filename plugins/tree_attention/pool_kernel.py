@@ -157,8 +157,15 @@ def _pow2(x: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
+def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_sm_count(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device (cached host property, no sync); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def plan_pool_launch(batch: int, n: int, num_q_heads: int, num_kv_heads: int, head_dim: int, capacity: int,
@@ -183,7 +190,8 @@ def plan_pool_launch(batch: int, n: int, num_q_heads: int, num_kv_heads: int, he
                       num_stages=2, num_tiles=num_tiles, num_splits=max(1, -(-capacity // chunk)), chunk=chunk)
 
 
-def _interpreted() -> bool:
+def interpreted() -> bool:
+    """Whether triton was imported under TRITON_INTERPRET=1 (kernels then run on CPU tensors)."""
     return triton is not None and not isinstance(pool_split_kernel, triton.runtime.jit.JITFunction)
 
 
@@ -199,7 +207,7 @@ def pool_tree_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torc
     under TRITON_INTERPRET=1). No host reads: slot_ids / prefix_lens are not value-checked
     (`check_pool_values` does that on the host); a prefix length is clipped to [0, C]."""
     require_triton()
-    if not q.is_cuda and not _interpreted():
+    if not q.is_cuda and not interpreted():
         raise ValueError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before importing triton)")
     check_pool_inputs(q, k_new, v_new, k_pool, v_pool, slot_ids, prefix_lens, bitmask, num_splits)
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
@@ -210,8 +218,8 @@ def pool_tree_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torc
     out = torch.empty((batch, n, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0 or n == 0:
         return out
-    sms = sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()) if q.is_cuda else None
-    plan = plan_pool_launch(batch, n, num_q_heads, num_kv_heads, head_dim, capacity, q.dtype, num_splits, sms)
+    plan = plan_pool_launch(batch, n, num_q_heads, num_kv_heads, head_dim, capacity, q.dtype, num_splits,
+                            device_sm_count(q.device))
     q, k_new, v_new, bitmask = (_last_dim_contiguous(t) for t in (q, k_new, v_new, bitmask))
     split = plan.num_splits > 1
     ws_shape = (plan.num_splits, batch, n, num_q_heads) if split else (1,)
@@ -243,7 +251,7 @@ def pool_tree_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tenso
                         ) -> torch.Tensor:  # [B, n, Hq, d], q's dtype
     """Pool-layout tree attention: the Triton kernels on CUDA (and on CPU when TRITON_INTERPRET=1
     was set before triton was imported), else the torch reference."""
-    if triton_available() and (q.is_cuda or _interpreted()):
+    if triton_available() and (q.is_cuda or interpreted()):
         return pool_tree_attention_triton(q, k_new, v_new, k_pool, v_pool, slot_ids, prefix_lens, bitmask,
                                           scale, num_splits)
     return pool_tree_attention_reference(q, k_new, v_new, k_pool, v_pool, slot_ids, prefix_lens, bitmask,
