@@ -215,6 +215,8 @@ def pool_tree_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torc
             raise ValueError(f"{name} needs a contiguous last (head) dim, got strides {pool.stride()}")
     batch, n, num_q_heads, head_dim = q.shape
     num_kv_heads, capacity = k_new.shape[2], k_pool.shape[2]
+    if batch * num_kv_heads > 65535:
+        raise ValueError(f"B * Hkv = {batch * num_kv_heads} exceeds the CUDA grid's 65535 (grid axis 2); split the batch")
     out = torch.empty((batch, n, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0 or n == 0:
         return out
