@@ -53,7 +53,7 @@ def test_ragged_tree_batch_matches_reference_with_one_and_two_splits(ratio):
 @needs_triton
 def test_every_split_count_of_a_long_prefix_gives_the_same_output():
     batch = make_pool_batch([5, 3, 8], [96, 33, 5], [2, 0, 3], num_slots=4, capacity=96, n=8, num_q_heads=4,
-                            num_kv_heads=1)
+                            num_kv_heads=1, head_dim=24)  # d padded to BLOCK_D = 32
     ref = pool_tree_attention_reference(**batch)
     outs = [run_both(batch, num_splits=s)[0] for s in (1, 2, 3, 8)]  # 8 is cut to ceil(96 / 32) = 3
     for out in outs:
@@ -77,12 +77,14 @@ def test_strided_layer_view_int64_indices_and_strided_queries():
 
 
 @needs_triton
-def test_pack_wider_than_one_mask_word():
+def test_pack_wider_than_one_mask_word_ignores_padding_words():
     batch = make_pool_batch([40], [20], [1], num_slots=2, capacity=32, n=40, num_q_heads=1, num_kv_heads=1,
                             shapes=["chain"])
     assert batch["bitmask"].shape == (1, 40, 2)
     out, ref = run_both(batch)
     torch.testing.assert_close(out, ref, **TOL)
+    batch["bitmask"] = torch.cat([batch["bitmask"], torch.full((1, 40, 1), -1, dtype=torch.int32)], dim=2)
+    torch.testing.assert_close(run_both(batch)[0], out)  # a third word of garbage: never read
 
 
 @needs_triton
