@@ -216,7 +216,7 @@ def pool_tree_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torc
     batch, n, num_q_heads, head_dim = q.shape
     num_kv_heads, capacity = k_new.shape[2], k_pool.shape[2]
     if batch * num_kv_heads > 65535:
-        raise ValueError(f"B * Hkv = {batch * num_kv_heads} exceeds the CUDA grid's 65535 (grid axis 2); split the batch")
+        raise ValueError(f"B * Hkv = {batch * num_kv_heads} exceeds the CUDA grid limit 65535 (grid axis 2)")
     out = torch.empty((batch, n, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0 or n == 0:
         return out
