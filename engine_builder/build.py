@@ -25,7 +25,8 @@ import torch
 
 from engine_builder import onnx_export as ox
 from engine_builder.skus import SkuSpec, load_sku
-from plugins.tree_attention.aot import AOT_ARCHS, KernelSpec, compile_kernel
+from plugins.tree_attention.aot import AOT_ARCHS, compile_kernel
+from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.trt_plugin import tensorrt_status
 from runtime.drafter.checkpoint import load_drafter
 from runtime.engine.engine_dir import MANIFEST_NAME

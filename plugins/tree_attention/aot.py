@@ -20,65 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plugins.tree_attention.reference import resolve_scale
+from plugins.tree_attention import triton_kernel
+from plugins.tree_attention.kernel_spec import KernelSpec
 
 AOT_ARCHS = (80, 89, 90, 100)
 KERNEL_NAME = "tree_attention_fwd_kernel"
-_TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-@dataclass(frozen=True, slots=True)
-class KernelSpec:
-    """Everything baked into one AOT binary of the kernel (and what a JIT launch folds)."""
-
-    dtype: str  # "float32" | "float16" | "bfloat16" (q, k, v and out)
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    mask_words: int  # W: int32 words per bitmask row
-    scale: float | None = None  # None: 1/sqrt(head_dim)
-    block_m: int = 16
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def __post_init__(self) -> None:
-        if self.dtype not in _TRITON_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_TRITON_DTYPES)}, got {self.dtype!r}")
-        for name in ("num_q_heads", "num_kv_heads", "head_dim", "mask_words", "num_warps", "num_stages"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_q_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
-        for name in ("block_m", "block_n"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot minimum), got {value}")
-        resolve_scale(self.scale, self.head_dim)  # ValueError unless None or positive finite
-
-    def signature(self) -> dict[str, str]:
-        """Triton signature: runtime pointer/int types, 'constexpr' for everything folded."""
-        ptr = "*" + _TRITON_DTYPES[self.dtype]
-        sig = {name: ptr for name in ("Q", "K_PREFIX", "V_PREFIX", "K_PACK", "V_PACK")}
-        sig.update(BITMASK="*i32", CU_SEQLENS="*i32", CU_PREFIX="*i32", num_requests="i32", OUT=ptr)
-        sig.update({name: "constexpr" for name in self.constexprs()})
-        return sig
-
-    def constexprs(self) -> dict[str, object]:
-        """Folded scalars: scale, contiguous strides, tile shapes."""
-        q_row, kv_row, d = self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.head_dim
-        return dict(
-            sm_scale=resolve_scale(self.scale, self.head_dim),
-            stride_qt=q_row, stride_qh=d, stride_kpt=kv_row, stride_kph=d, stride_vpt=kv_row, stride_vph=d,
-            stride_kt=kv_row, stride_kh=d, stride_vt=kv_row, stride_vh=d, stride_mt=self.mask_words,
-            stride_ot=q_row, stride_oh=d,
-            GROUP=self.num_q_heads // self.num_kv_heads, HEAD_DIM=self.head_dim,
-            BLOCK_D=max(16, 1 << (self.head_dim - 1).bit_length()),  # a power of two >= 16 (the tl.dot minimum)
-            BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-            DOT_PRECISION="ieee" if self.dtype == "float32" else "tf32",  # exact fp32 dots meet fp32 tolerance
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +54,7 @@ def compile_binary(spec: KernelSpec, arch: int = 90, ptx_version: int | None = N
     lowers the PTX ISA version for older drivers; by default Triton uses the newest its
     bundled ptxas supports.
     """
-    from plugins.tree_attention.triton_kernel import require_triton, tree_attention_fwd_kernel
-
-    require_triton()
+    triton_kernel.require_triton()
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -125,7 +69,7 @@ def compile_binary(spec: KernelSpec, arch: int = 90, ptx_version: int | None = N
     if ptx_version is not None:
         options["ptx_version"] = ptx_version
     source = triton.compiler.ASTSource(
-        fn=tree_attention_fwd_kernel, signature=spec.signature(), constexprs=spec.constexprs()
+        fn=triton_kernel.tree_attention_fwd_kernel, signature=spec.signature(), constexprs=spec.constexprs()
     )
     binary = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     if binary.metadata.global_scratch_size or binary.metadata.profile_scratch_size:

@@ -109,10 +109,10 @@ def check_inputs(tensors: Sequence[torch.Tensor], check_values: bool = True) -> 
             )
 
 
-def unpack_bitmask(bitmask_rows: torch.Tensor, num_keys: int) -> torch.Tensor:  # [n, W] int32
-    """Bool [n, num_keys]: entry (i, k) = bit k % 32 of word k // 32 of row i (LSB-first)."""
+def unpack_bitmask(bitmask_rows: torch.Tensor, num_keys: int) -> torch.Tensor:  # [..., n, W] int32
+    """Bool [..., n, num_keys]: entry (i, k) = bit k % 32 of word k // 32 of row i (LSB-first)."""
     keys = torch.arange(num_keys, device=bitmask_rows.device)
-    words = bitmask_rows[:, keys // 32]  # [n, num_keys]
+    words = bitmask_rows[..., keys // 32]  # [..., n, num_keys]
     return ((words >> (keys % 32).to(torch.int32)) & 1).bool()
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from plugins.tree_attention.aot import KernelSpec
+from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.reference import check_inputs
 
 try:
@@ -46,7 +46,7 @@ def require_triton() -> None:
 if triton is not None:
 
     @triton.jit
-    def _attend(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    def attend_block(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
         """One key block of the online softmax (exp2-based): scores of the visible keys, then
         the running max m_i, normalizer l_i and output acc, all rescaled to the new max."""
         s = tl.where(visible, tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale, float("-inf"))
@@ -113,7 +113,7 @@ if triton is not None:
                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
             v = tl.load(V_PREFIX + cols[:, None] * stride_vpt + kv_head * stride_vph + offs_d[None, :],
                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-            m_i, l_i, acc = _attend(q, k, v, col_ok[None, :], qk_scale, m_i, l_i, acc, DOT_PRECISION)
+            m_i, l_i, acc = attend_block(q, k, v, col_ok[None, :], qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
         # Pack: key k visible to row i iff bit k % 32 of word k // 32 of row i is set.
         for start in range(0, n_pack, BLOCK_N):
@@ -127,7 +127,7 @@ if triton is not None:
             words = tl.load(BITMASK + rows[:, None] * stride_mt + (offs_n // 32)[None, :],
                             mask=row_ok[:, None] & col_ok[None, :], other=0)  # [BLOCK_M, BLOCK_N] int32
             visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
-            m_i, l_i, acc = _attend(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION)
+            m_i, l_i, acc = attend_block(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a row that saw nothing outputs zeros
         out = acc / l_safe[:, None]

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plugins.onnx_schema import OP_TYPE, PLUGIN_NAMESPACE
-from plugins.tree_attention.aot import KernelSpec, compile_kernel
+from plugins.tree_attention.aot import compile_kernel
+from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.reference import Dim, check_layout
 
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{OP_TYPE}"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugins.tree_attention.aot import AOT_ARCHS, KERNEL_NAME, KernelSpec
+from plugins.tree_attention.aot import AOT_ARCHS, KERNEL_NAME
+from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.triton_kernel import triton_available
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # which swaps triton.language's own jit functions for interpreter wrappers.
 _COMPILE = """
 import json, re, sys
-from plugins.tree_attention.aot import AOT_ARCHS, KernelSpec, compile_kernel
+from plugins.tree_attention.aot import AOT_ARCHS, compile_kernel
+from plugins.tree_attention.kernel_spec import KernelSpec
 spec = KernelSpec(dtype="bfloat16", num_q_heads=32, num_kv_heads=8, head_dim=128, mask_words=8)
 result = {}
 for arch in AOT_ARCHS:
@@ -84,7 +86,8 @@ def test_aot_binary_with_folded_strides_matches_reference_on_cuda():
 
 _LAUNCH = """
 import torch
-from plugins.tree_attention.aot import KernelSpec, compile_binary
+from plugins.tree_attention.aot import compile_binary
+from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.reference import tree_attention_reference
 from tests.plugins.trees import bushy_parents, chain_parents, make_batch
 packs = [bushy_parents(40, 1), chain_parents(9), bushy_parents(70, 2)]
