@@ -9,15 +9,38 @@ import torch
 
 
 class Stopwatch:
-    """Wall clock that synchronizes CUDA before every read (App. D)."""
+    """The engine's clock (App. D). `now()` is the host wall clock; on CUDA it also records an
+    event, and `device_ms(a, b)` is the device time between two readings, from those events.
+    A round reads them after its one device -> host read, which has already waited for them,
+    so timing never drains the stream. `sync=True` (the latency probe) synchronizes at every
+    reading instead, for one pass timed alone."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+    KEEP = 64  # events kept (a round makes a handful of readings)
+
+    def __init__(self, device: torch.device, sync: bool = False) -> None:
+        self.cuda, self.sync = device.type == "cuda", sync
+        self.events: dict[float, torch.cuda.Event] = {}
 
     def now(self) -> float:
-        if self.cuda:
+        if self.cuda and self.sync:
             torch.cuda.synchronize()
+        elif self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            t = time.perf_counter()
+            self.events[t] = event
+            if len(self.events) > self.KEEP:
+                self.events.pop(next(iter(self.events)))
+            return t
         return time.perf_counter()
+
+    def device_ms(self, a: float, b: float) -> float:
+        """ms between readings a and b: device time on CUDA where both events have completed,
+        else wall time (never a wait)."""
+        start, end = self.events.get(a), self.events.get(b)
+        if start is not None and end is not None and end.query():
+            return start.elapsed_time(end)
+        return (b - a) * 1e3
 
 
 @dataclass(slots=True)

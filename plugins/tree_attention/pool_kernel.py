@@ -223,6 +223,7 @@ def pool_tree_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torc
     plan = plan_pool_launch(batch, n, num_q_heads, num_kv_heads, head_dim, capacity, q.dtype, num_splits,
                             device_sm_count(q.device))
     q, k_new, v_new, bitmask = (_last_dim_contiguous(t) for t in (q, k_new, v_new, bitmask))
+    slot_ids, prefix_lens = slot_ids.contiguous(), prefix_lens.contiguous()  # the kernel reads them at stride 1
     split = plan.num_splits > 1
     ws_shape = (plan.num_splits, batch, n, num_q_heads) if split else (1,)
     m_ws = torch.empty(ws_shape, dtype=torch.float32, device=q.device)

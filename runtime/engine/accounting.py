@@ -13,14 +13,15 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
             marks) -> None:
     """marks: (t0 start, t1 drafted, t2 trees built, t3 verified, t4 committed) in seconds."""
     t0, t1, t2, t3, t4 = marks
-    draft_ms, verify_ms = (t1 - t0) * 1e3, (t3 - t2) * 1e3
+    clock = engine.clock  # device time of the passes (CUDA events, already waited for by the round's read)
+    draft_ms, verify_ms = clock.device_ms(t0, t1), clock.device_ms(t2, t3)
     if engine.cost is not None and batch:  # every round measures the live configuration's costs
         engine.cost.observe_verify(sum(t.num_packed for t in trees), verify_ms, len(batch))
         if drafting:  # what drafting adds per round: the drafter call and the tree host work; a first
             # draft's context pass over its prompt is paid once, so it stays out (engine.prompt_context_ms)
             per_round = max(draft_ms - engine.prompt_context_ms, 0.0) + (t2 - t1) * 1e3
             engine.cost.observe_draft(per_round, len(drafting))
-    overhead_ms = ((t2 - t1) + (t4 - t3)) * 1e3
+    overhead_ms = max((t4 - t0) * 1e3 - draft_ms - verify_ms, 0.0)  # the round's wall time outside the passes
     drafted = {id(s) for s in drafting}
     for seq, tree, mass in zip(batch, trees, masses):
         t = seq.timings

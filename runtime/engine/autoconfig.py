@@ -95,6 +95,10 @@ def make_backend(name: str, model: Any, tap_layer_ids: tuple[int, ...], threads:
     a built engine's onnxruntime folder to run from (read only) instead of the export cache."""
     from runtime.engine.backend import TorchTarget
 
+    if name == "runner" or (name == "torch" and model.lm_head.weight.is_cuda):  # a GPU runs the model runner
+        from runtime.engine.runner_target import RunnerTarget
+
+        return RunnerTarget(model, tap_layer_ids)
     if name == "onnxruntime":
         from runtime.backends.ort_target import OrtTarget
 

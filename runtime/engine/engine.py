@@ -37,6 +37,7 @@ from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
 from runtime.engine.accounting import account
 from runtime.engine.prefill import first_token, take_chunks
+from runtime.engine.runner_round import runner_round
 from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
 from runtime.device_trees import TreeBatch
 from runtime.model.llama import LlamaTarget
@@ -63,6 +64,10 @@ class LLMEngine:
             spec.check_budget_fits(spec.budget, drafter.num_draft_positions)
         taps = drafter.tap_layer_ids if drafter is not None else ()
         self.target = TorchTarget(target, taps) if isinstance(target, LlamaTarget) else target
+        depth = getattr(self.target, "max_depth", None)  # a runner's static walk covers trees this deep
+        if drafter is not None and depth is not None and spec.draft_positions(drafter.num_draft_positions) > depth:
+            raise ValueError(f"the drafter drafts {drafter.num_draft_positions} positions; this target runner walks "
+                             f"trees of depth <= {depth}: build it with max_depth >= that, or set max_draft_len")
         if drafter is not None and tuple(self.target.tap_layer_ids) != tuple(taps):
             raise ValueError(f"the target backend taps layers {self.target.tap_layer_ids}; the drafter needs {taps}")
         self.drafter, self.tokenizer = drafter, tokenizer
@@ -191,18 +196,23 @@ class LLMEngine:
                              not batch)
         t2 = t3 = clock.now()
         if batch:
-            roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
-            logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
-            t3 = clock.now()
             walk = None if type(self)._walk is LLMEngine._walk else (  # a subclass's rule walks on the host
                 lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
             levels = 1 + (self.spec.draft_positions(self.drafter.num_draft_positions) if self.drafter else 0)
-            accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads, walk,
-                                                (levels, self.spec.rank_cap))
+            if walk is None and hasattr(self.target, "runner"):  # one upload, the captured part, one read
+                accs, trees, processed, queue, t3 = runner_round(self, batch, trees, tree_batch, sizes,
+                                                                 (levels, self.spec.rank_cap))
+            else:
+                roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
+                logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
+                t3 = clock.now()
+                accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads,
+                                                    walk, (levels, self.spec.rank_cap))
+                queue = lambda kept, taps=taps: queue_taps(batch, sizes, kept, taps)  # noqa: E731
             kept = [self._commit(seq, tree, acc, processed.get(b), draft)
                     for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
-            self.target.commit_many([s.target for s in batch], kept)  # KV compaction: one gather on the device
-            queue_taps(batch, sizes, kept, taps)
+            self.target.commit_many([s.target for s in batch], kept)  # KV compaction on the device
+            queue(kept)
         t4 = clock.now()
         for seq, ids in chunks:  # after the decode pass, each in a pass of its own (see runtime.engine.prefill)
             first_token(seq, ids, *self.target.prefill(seq.target, torch.from_numpy(ids)), clock.now())
@@ -228,7 +238,7 @@ class LLMEngine:
                 self.drafter.append_context(s.draft_state, t)
         if prompt_rows:  # its share of the pass is prefill, paid once: the cost model must not price it per round
             rows = sum(t.shape[0] for t in taps)
-            self.prompt_context_ms = (self.clock.now() - began) * 1e3 * prompt_rows / rows
+            self.prompt_context_ms = self.clock.device_ms(began, self.clock.now()) * prompt_rows / rows
 
     def _draft(self, states: list, roots: list[int]) -> DraftScores:
         """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's

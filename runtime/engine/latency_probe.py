@@ -108,7 +108,7 @@ class LatencyProbe:
         self.backend, self.drafter, self.max_packed = backend, drafter, max_packed
         self.depth, self.rank_cap = depth, rank_cap
         self.vocab = backend.config.vocab_size
-        self.clock = Stopwatch(backend.device)
+        self.clock = Stopwatch(backend.device, sync=True)
         self.rng = np.random.default_rng(seed)
         self.seqs, self.states, taps = [], [], []
         try:
