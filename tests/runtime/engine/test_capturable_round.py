@@ -1,0 +1,157 @@
+"""The round a GPU can run (issue 37), proven on the CPU: the model runner's device part is
+one static-shape function of preallocated buffers (no host scalar read, no data-dependent
+shape, one upload and one read per round, traced whole by torch._dynamo), the pool is
+allocated once, and greedy output through it equals AR token for token, with the torch
+attention and with the project's Triton pool kernel (through TRITON_INTERPRET=1 here).
+
+The target is a tiny random-weight model of the GPU check's shape family and the drafter
+is the GPU check's calibrated oracle (`perf.gpu_round_loop`): a real engine, a drafter of
+controlled acceptance. The embedded model runs the same path at the end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perf import gpu_round_loop as loop
+from runtime.backends.static_pool import PoolFullError
+from runtime.engine import Request
+from runtime.engine.runner_target import RunnerTarget
+from runtime.model.pool_forward import device_round
+from tests.runtime.engine.test_host_reads import SyncOps
+
+CFG = loop.SHAPES["tiny"]
+L = 7
+MIXED = (("ar", None), ("chain", None), ("cast", 15), ("cast", "auto"))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return loop.random_target(CFG, torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    """Five prompts and their greedy continuations (AR on the eager torch backend)."""
+    ids, ar = loop.continuations(target, CFG, 5, 12, 60)
+    return ids, ar, [p + r.token_ids for p, r in zip(ids, ar)]
+
+
+def runner_engine(target, conts, method="cast", budget=15, attention="torch", slots=8, context=192):
+    runner = RunnerTarget(target, (1,), max_slots=slots, max_context=context, attention=attention, max_depth=8)
+    drafter = loop.OracleDrafter(conts, CFG.vocab_size, L, 0.25, torch.device("cpu"))
+    return loop.engine_for(runner, drafter, method, budget, L), runner
+
+
+def mixed_engine(target, conts, **kwargs):
+    """An engine whose requests are ar / chain / cast:15 / cast:auto (per-request method)."""
+    engine, runner = runner_engine(target, conts, "cast", "auto", **kwargs)
+    return engine, runner
+
+
+def buffers(runner) -> dict:
+    out = {"pool.keys": runner.pool.keys.data_ptr(), "pool.values": runner.pool.values.data_ptr()}
+    for key, b in runner.runner.buckets.items():
+        out.update({(key, "host"): b.host.data_ptr(), (key, "meta"): b.meta.data_ptr(),
+                    (key, "readout"): b.readout.data_ptr()})
+    return out
+
+
+def test_mixed_batch_joins_and_leaves_keep_every_buffer_and_one_upload_and_read(target, reference):
+    ids, ar, conts = reference
+    engine, runner = mixed_engine(target, conts * 8)
+    seen: dict = {}
+    joined, rounds = 0, 0
+    while rounds < 20:
+        while len(engine.active) < 4 and joined < 12:  # a request joins as one leaves
+            method, budget = MIXED[joined % 4]
+            engine.add_request(Request(ids[joined % 5], 6 + joined % 5, method=method, budget=budget,
+                                       ignore_eos=True))
+            joined += 1
+        before = (runner.runner.uploads, runner.runner.reads)
+        decoding = any(not s.prefilling for s in engine.active)
+        engine.step()
+        rounds += 1
+        if decoding:
+            assert (runner.runner.uploads - before[0], runner.runner.reads - before[1]) == (1, 1)
+        for name, ptr in buffers(runner).items():  # a buffer, once made, is never reallocated
+            assert seen.setdefault(name, ptr) == ptr, name
+    assert joined > 4 and len(runner.runner.buckets) >= 2
+
+
+def test_device_part_has_no_host_read_and_no_data_dependent_shape(target, reference):
+    _, _, conts = reference
+    engine, runner = runner_engine(target, conts, "cast", 15)
+    engine.generate([Request(conts[0][:12], 8, method="cast", budget=15, ignore_eos=True)])  # warm: a bucket with trees exists
+    bucket = max(runner.runner.buckets.values(), key=lambda b: b.width)
+    seen: list = []
+    with SyncOps(seen):
+        device_round(target, (1,), runner.pool, bucket.meta, runner.max_depth, runner.runner.attend)
+    assert seen == []
+
+
+@pytest.mark.parametrize("batch, width", [(1, 1), (4, 16)])
+def test_device_part_of_a_bucket_traces_whole_with_dynamo(target, reference, batch, width):
+    _, _, conts = reference
+    _, runner = runner_engine(target, conts)
+    bucket = runner.runner.bucket(batch, width)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda meta: device_round(target, (1,), runner.pool, meta, runner.max_depth,
+                                                       runner.runner.attend), fullgraph=True, backend="eager")
+    with torch.inference_mode():
+        out = compiled(bucket.meta)  # fullgraph=True: any graph break raises
+        eager = device_round(target, (1,), runner.pool, bucket.meta, runner.max_depth, runner.runner.attend)
+    assert torch.equal(out[-1], eager[-1]) and torch.allclose(out[0], eager[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_greedy_through_the_runner_equals_ar_and_a_mixed_batch_equals_each_alone(target, reference, attention):
+    pytest.importorskip("triton") if attention == "triton" else None
+    ids, ar, conts = reference
+    n = 14 if attention == "triton" else 40
+    for method, budget in MIXED[1:] if attention == "torch" else (("cast", 15),):
+        engine, _ = runner_engine(target, conts, method, budget, attention)
+        together = engine.generate([Request(p, n, method=method, budget=budget, ignore_eos=True) for p in ids[:3]])
+        assert [r.token_ids for r in together] == [a.token_ids[:n] for a in ar[:3]], (method, budget)
+        assert max(r.mean_accept_length for r in together) > 1.5  # trees were accepted, not only roots
+    engine, _ = runner_engine(target, conts[1:2], "cast", 15, attention)
+    alone = engine.generate([Request(ids[1], n, method="cast", budget=15, ignore_eos=True)])
+    assert alone[0].token_ids == ar[1].token_ids[:n]
+
+
+def test_pool_is_allocated_once_over_100_rounds_and_a_full_pool_refuses(target, reference):
+    ids, ar, conts = reference
+    engine, runner = runner_engine(target, conts * 40, "chain", None, slots=3, context=96)
+    pool = (runner.pool.keys.data_ptr(), runner.pool.values.data_ptr())
+    served, rounds = [], 0
+    while rounds < 100:
+        while len(engine.active) < 3:
+            k = len(served)
+            served.append((k % 5, engine.add_request(Request(ids[k % 5], 3 + k % 4, method="chain", ignore_eos=True))))
+        engine.step()
+        rounds += 1
+    assert (runner.pool.keys.data_ptr(), runner.pool.values.data_ptr()) == pool
+    while len(engine.active) < 3:  # every slot taken
+        served.append((len(served) % 5, engine.add_request(Request(ids[len(served) % 5], 4, method="chain",
+                                                                   ignore_eos=True))))
+    with pytest.raises(PoolFullError, match="all 3 KV pool slots are taken"):
+        engine.add_request(Request(ids[0], 4, method="chain", ignore_eos=True))
+    with pytest.raises(PoolFullError, match="max_context 96"):
+        RunnerTarget(target, (1,), max_slots=1, max_context=96).new_sequence(200)
+    done = [(k, s) for k, s in served if s.done]
+    assert len(done) > 20 and all(s.tokens == ar[k].token_ids[:len(s.tokens)] for k, s in done)
+
+
+def test_the_embedded_model_runs_the_runner_and_stays_lossless(embedded_checkpoint):
+    from runtime.drafter.executor import DrafterExecutor
+    from runtime.engine import LLMEngine
+    from runtime.loader import models_from_hf
+
+    models = models_from_hf(embedded_checkpoint, drafter="default")  # the shipped head, the session's weights
+    taps = tuple(models.drafter.config.target_layer_ids)
+    prompt = models.tokenizer("def fibonacci(n):")["input_ids"]
+    ar = LLMEngine(models.target, None).generate([Request(prompt, 24, method="ar", ignore_eos=True)])[0]
+    runner = RunnerTarget(models.target, taps, max_slots=2, max_context=128)
+    engine = LLMEngine(runner, DrafterExecutor(models.drafter, models.target))
+    out = engine.generate([Request(prompt, 24, method="cast", budget=15, ignore_eos=True)])[0]
+    assert out.token_ids == ar.token_ids and out.mean_accept_length > 1.2
