@@ -26,7 +26,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -58,11 +58,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed", type=ints, default=PAPER_PACKED, help="latency packed counts n = N + 1")
     p.add_argument("--batches", type=ints, default=(1, 32), help="batch sizes of latency, launches and rounds")
     p.add_argument("--prefix", type=int, default=1024, help="latency KV prefix length (paper Table 5: 1024)")
+    p.add_argument("--latency-backends", default="eager,graph", help="target backends timed by `latency`")
+    p.add_argument("--round-backends", default="eager,graph", help="target backends of `launches` and `rounds` "
+                   "(eager: the torch backend; graph: the model runner, captured on CUDA, eager on the CPU)")
     p.add_argument("--warmup", type=int, default=5, help="untimed passes per cell")
     p.add_argument("--iters", type=int, default=15, help="timed passes per cell")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, trees and tokens")
     args = p.parse_args(argv)
     args.sections = tuple(s for s in args.sections.split(",") if s)
+    args.latency_backends = tuple(b for b in args.latency_backends.split(",") if b)
+    args.round_backends = tuple(b for b in args.round_backends.split(",") if b)
+    bad = set(args.latency_backends + args.round_backends) - {"eager", "graph", "runner"}
+    if bad:
+        p.error(f"unknown backends {sorted(bad)}; choose from eager, graph (= runner)")
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         p.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
@@ -86,20 +94,22 @@ def sku_name(device_name: str) -> str:
     return spec.name if spec else device_name.lower().replace(" ", "-")
 
 
-def target_backends(target, dry_run: bool) -> dict[str, Any]:
-    """Every target backend the engine can run this model on, by name (module docstring)."""
+def target_backends(target, cuda: bool, names: Sequence[str], max_slots: int) -> dict[str, Any]:
+    """name -> target backend over `target`: `eager` is the torch backend (today's eager round);
+    `runner` the model runner over a preallocated pool, captured per bucket on CUDA (`graph`)
+    and eager on the CPU (the dry run). Both tap layer 1, as the oracle drafter asks."""
     from runtime.engine.backend import TorchTarget
+    from runtime.engine.runner_target import RunnerTarget
 
-    backends = {"eager": TorchTarget(target)}
-    try:
-        from runtime.engine.runner_target import RunnerTarget
-    except ImportError:  # no captured runner in this tree
-        return backends
-    backends["runner_eager"] = RunnerTarget(target, graphs=False, max_slots=max(SIZES["tiny" if dry_run else
-                                                                                      "qwen3-8b"]["batches"]))
-    if target.lm_head.weight.is_cuda:
-        backends["runner_graph"] = RunnerTarget(target, graphs=True, max_slots=32)
-    return backends
+    made = {}
+    for name in names:
+        if name == "eager":
+            made[name] = TorchTarget(target, (1,))
+        elif name in ("runner", "graph"):
+            made["graph" if cuda else "runner"] = RunnerTarget(target, (1,), graphs=cuda, max_slots=max_slots)
+        else:
+            raise ValueError(f"unknown backend {name!r}; use eager, runner or graph")
+    return made
 
 
 def width_profile(latency: dict[str, Any], device_name: str, sku: str, dtype: torch.dtype, args) -> dict | None:
@@ -148,8 +158,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cells += [(1, args.packed[-1], 8 * args.prefix)]
     L = sizes["block_positions"]
 
+    cuda, slots = device.type == "cuda", max(args.batches)
+    backends: dict[str, Any] = {}
+
+    def made(names) -> dict[str, Any]:  # backends are built once and shared by the sections
+        wanted = {("graph" if cuda else "runner") if n in ("runner", "graph") else n for n in names}
+        for name in wanted - set(backends):
+            backends.update(target_backends(target(), cuda, [name], slots))
+        return {name: backends[name] for name in sorted(wanted)}
+
     def latency_section():
-        out = gpu_launches.latency(target_backends(target(), args.dry_run), args.batches, args.packed, args.prefix,
+        out = gpu_launches.latency(made(args.latency_backends), args.batches, args.packed, args.prefix,
                                    args.warmup, args.iters, args.seed)
         out["width_profile"] = width_profile(out, device_name, sku, dtype, args)
         return out
@@ -158,10 +177,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "correctness": lambda: gpu_attention.check_correctness(device, args.dry_run, args.seed),
         "attention": lambda: gpu_attention.attention_ab(device, heads, dtype, cells, args.warmup, args.iters,
                                                         args.seed),
-        "launches": lambda: gpu_launches.launches(target(), cfg, device, args.batches, sizes["prompt_len"], L),
+        "launches": lambda: gpu_launches.launches(target(), cfg, device, args.batches, sizes["prompt_len"], L,
+                                                  made(args.round_backends)),
         "latency": latency_section,
         "rounds": lambda: gpu_round_loop.run(shape, device, dtype, args.batches, sizes["prompt_len"],
-                                             sizes["new_tokens"], sizes["corruption"], L, target=target()),
+                                             sizes["new_tokens"], sizes["corruption"], L, target=target(),
+                                             backends=made(args.round_backends)),
     }
     for name in (s for s in SECTIONS if s in args.sections):
         t0 = time.perf_counter()

@@ -55,28 +55,35 @@ def count_sync_warnings(fn: Callable[[], Any]) -> int:
 
 
 def launches(target, cfg, device: torch.device, batches: Sequence[int], prompt_len: int, block_positions: int,
-             warm_rounds: int = 4, engine_kwargs: dict | None = None) -> dict[str, Any]:
+             backends: dict[str, Any], warm_rounds: int = 3) -> dict[str, Any]:
+    """Per backend (name -> a target backend, reused by each engine), batch and method (AR, CAST@15)."""
     cuda = device.type == "cuda"
     rows = []
     for batch in batches:
-        ids, ar = continuations(target, cfg, batch, prompt_len, 4 * warm_rounds * (block_positions + 1) + 8)
+        tokens = (warm_rounds + 3) * (block_positions + 1)  # enough for the warm rounds and the counted ones
+        ids, ar = continuations(target, cfg, batch, prompt_len, tokens)
         conts = [p + r.token_ids for p, r in zip(ids, ar)]
-        for method, budget in (("ar", None), ("cast", 15)):
-            row: dict[str, Any] = {"batch": batch, "method": f"{method}:{budget}" if budget else method}
-            try:
-                drafter = OracleDrafter(conts, cfg.vocab_size, block_positions, 0.2, device)
-                engine = engine_for(target, drafter, method, budget, block_positions, **(engine_kwargs or {}))
-                for p in ids:
-                    engine.add_request(Request(p, 10 ** 6, method=method, budget=budget, ignore_eos=True))
-                for _ in range(warm_rounds):  # prefill, first draft, warm caches and buckets
-                    engine.step()
-                row.update(count_events(engine.step, cuda))
-                if cuda:
-                    row["sync_warnings"] = count_sync_warnings(engine.step)
-                row["host_reads"] = engine.host_reads.count
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-            rows.append(row)
+        for name, backend in backends.items():
+            for method, budget in (("ar", None), ("cast", 15)):
+                row: dict[str, Any] = {"backend": name, "batch": batch,
+                                       "method": f"{method}:{budget}" if budget else method}
+                try:
+                    drafter = OracleDrafter(conts, cfg.vocab_size, block_positions, 0.2, device)
+                    engine = engine_for(backend, drafter, method, budget, block_positions)
+                    for p in ids:
+                        engine.add_request(Request(p, tokens, method=method, budget=budget, ignore_eos=True))
+                    for _ in range(warm_rounds):  # prefill, first draft, warm caches, capture buckets
+                        engine.step()
+                    reads = engine.host_reads.count
+                    row.update(count_events(engine.step, cuda))
+                    row["host_reads"] = engine.host_reads.count - reads
+                    if cuda:
+                        row["sync_warnings"] = count_sync_warnings(engine.step)
+                    for seq in list(engine.active):
+                        engine.abort(seq)
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                rows.append(row)
     return {"rows": rows, "what": "per steady round (one engine.step over the whole batch)"}
 
 

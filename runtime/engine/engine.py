@@ -11,11 +11,10 @@ A round (ARCHITECTURE.md; paper §2, App. C):
            sampled (Theorem 3's lossless rejection sampling), ONE host read per round
            (`runtime.engine.walks`); the others walk on the host from their processed rows;
   commit — KV compacted to x∘b∘y_1:A in one device gather; taps of those rows queued for the drafter.
-On CUDA the trees are built on the device too (`runtime.device_trees`); on a CPU, where
-the host search is faster, on the host and uploaded.
-A single request is B = 1 of the same code. Greedy output is token-identical to AR. Timings
-follow App. D: the decode window opens after prefill and the first draft; later rounds split into
-draft / verify / overhead.
+On CUDA the trees are built on the device (`runtime.device_trees`) and verify + walk + commit
+run through the model runner (`runtime.engine.runner_round`: one upload, a captured part, one
+read). A single request is B = 1 of the same code. Greedy output is token-identical to AR.
+Timings follow App. D (decode window after prefill and the first draft; draft / verify / overhead).
 """
 
 from __future__ import annotations
@@ -64,10 +63,8 @@ class LLMEngine:
             spec.check_budget_fits(spec.budget, drafter.num_draft_positions)
         taps = drafter.tap_layer_ids if drafter is not None else ()
         self.target = TorchTarget(target, taps) if isinstance(target, LlamaTarget) else target
-        depth = getattr(self.target, "max_depth", None)  # a runner's static walk covers trees this deep
-        if drafter is not None and depth is not None and spec.draft_positions(drafter.num_draft_positions) > depth:
-            raise ValueError(f"the drafter drafts {drafter.num_draft_positions} positions; this target runner walks "
-                             f"trees of depth <= {depth}: build it with max_depth >= that, or set max_draft_len")
+        if drafter is not None and hasattr(self.target, "runner"):  # its static walk covers trees this deep
+            self.target.check_depth(spec.draft_positions(drafter.num_draft_positions))
         if drafter is not None and tuple(self.target.tap_layer_ids) != tuple(taps):
             raise ValueError(f"the target backend taps layers {self.target.tap_layer_ids}; the drafter needs {taps}")
         self.drafter, self.tokenizer = drafter, tokenizer
@@ -253,7 +250,7 @@ class LLMEngine:
         B, drafts, masses = len(batch), [None] * len(batch), [None] * len(batch)
         if scores is None:
             trees = [Tree.empty()] * B
-            return trees, TreeBatch.from_host(trees, self.target.device), [0] * B, drafts, masses
+            return trees, self._upload(trees), [0] * B, drafts, masses
         ids, lp = scores.topk(self.spec.rank_cap, self.spec.draft_positions(scores.num_positions),
                               host=not self.device_trees)  # [B', L, K]
         args = ([s.method for s in drafting], [s.budget for s in drafting],
@@ -267,11 +264,14 @@ class LLMEngine:
         else:
             chosen, chosen_masses = choose_trees(*args)
             trees = [chosen[where.index(b)] if b in where else Tree.empty() for b in range(B)]
-            tree_batch, size = TreeBatch.from_host(trees, self.target.device), [t.size for t in chosen]
+            tree_batch, size = self._upload(trees), [t.size for t in chosen]
         sizes = [0] * B
         for j, b in enumerate(where):
             sizes[b], drafts[b], masses[b] = size[j], scores.row(j), chosen_masses[j]
         return trees, tree_batch, sizes, drafts, masses
+
+    def _upload(self, trees: list[Tree]) -> TreeBatch | None:  # a runner takes them in its one upload
+        return None if hasattr(self.target, "runner") else TreeBatch.from_host(trees, self.target.device)
 
     def _walk(self, seq: Sequence, tree: Tree, logits: torch.Tensor, draft: DraftScores | None) -> Acceptance:
         """A host walk of one verified pack (logits [n, V] processed; draft: its block's marginals,
@@ -292,7 +292,6 @@ class LLMEngine:
             seq.root = acc.next_root
         return kept_rows
 
-    # ------------------------------------------------------------------ run to completion
     def generate(self, requests: Seq[Request]) -> list[GenerationResult]:
         """Run requests to completion (all join at once); results in request order."""
         seqs = [self.add_request(r) for r in requests]

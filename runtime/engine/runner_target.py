@@ -44,6 +44,11 @@ class RunnerTarget:
                                   attention or ("triton" if cuda else "torch"))
         self.max_depth = max_depth
 
+    def check_depth(self, depth: int) -> None:
+        if depth > self.max_depth:
+            raise ValueError(f"the drafter drafts {depth} positions; this target runner walks trees of depth <= "
+                             f"{self.max_depth}: build it with max_depth >= {depth}, or set max_draft_len")
+
     # ------------------------------------------------------------------ the contract
     def new_sequence(self, capacity: int) -> StaticSlot:
         return self.pool.acquire(capacity)
