@@ -20,7 +20,13 @@ def cost_cache_key(device_name: str, backend: str, dtype: str, threads: int, tar
     return "__".join(slugs)
 
 
-def default_cache_dir() -> Path:
-    """Where learned tables live: `$CAST_CACHE_DIR/cost`, else `~/.cache/cast-trtllm/cost`."""
+def cache_root() -> Path:
+    """The project's cache: `$CAST_CACHE_DIR`, else `~/.cache/cast-trtllm` (cost tables, execution
+    choices, exported graphs each in a folder of their own)."""
     root = os.environ.get("CAST_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "cast-trtllm") / "cost"
+    return Path(root) if root else Path.home() / ".cache" / "cast-trtllm"
+
+
+def default_cache_dir() -> Path:
+    """Where learned tables live: `cache_root()/cost`."""
+    return cache_root() / "cost"

@@ -109,8 +109,8 @@ def engine_for(target, drafter, method: str, budget, block_positions: int, **eng
     if method == "ar":
         return LLMEngine(target, None, spec=SpecConfig(method="ar"), **engine_kwargs)
     cost = OnlineCostModel(max_budget=block_positions * 8) if budget == "auto" else None
-    return LLMEngine(target, drafter, spec=SpecConfig(draft_gate=False), width=(lambda prefix, c=cost: c) if cost else None,
-                     cost=cost, **engine_kwargs)
+    width = (lambda prefix, c=cost: c) if cost else None
+    return LLMEngine(target, drafter, spec=SpecConfig(draft_gate=False), width=width, cost=cost, **engine_kwargs)
 
 
 def continuations(target, cfg: TargetConfig, batch: int, prompt_len: int, tokens: int, seed: int = 1):

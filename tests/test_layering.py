@@ -79,3 +79,31 @@ def test_no_import_cycle_between_modules():
     for mod in sorted(graph):
         if mod not in state and (cycle := visit(mod, [])):
             pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+
+
+# inside runtime: folder -> runtime folders it must never import, function-local imports included
+# (a lazy import is still a circle: runtime.backends <- runtime.engine, plugins' aot <- triton_kernel)
+RUNTIME_FORBIDDEN = {"runtime/backends": {"runtime.engine", "runtime.serving"},
+                     "runtime/model": {"runtime.engine", "runtime.serving", "runtime.backends"},
+                     "runtime/drafter": {"runtime.engine", "runtime.serving"}}
+
+
+@pytest.mark.parametrize("folder", sorted(RUNTIME_FORBIDDEN))
+def test_runtime_layers_import_one_way_even_lazily(folder):
+    def every_import(path: Path) -> set[str]:
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+        return out
+
+    offenders = {str(p.relative_to(ROOT)): sorted(m for m in every_import(p) if any(
+        m == f or m.startswith(f + ".") for f in RUNTIME_FORBIDDEN[folder])) for p in (ROOT / folder).rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_the_triton_kernels_and_their_aot_compiler_import_one_way():
+    kernels = (ROOT / "plugins/tree_attention/triton_kernel.py").read_text()
+    assert "tree_attention.aot" not in kernels and "from plugins.tree_attention import aot" not in kernels

@@ -89,11 +89,11 @@ def hash_weights(digest, module: torch.nn.Module) -> None:
 
 
 def onnx_root(cache_dir: str | Path | None) -> Path:
-    """The folder of exported graphs (default `runtime.engine.autoconfig.cache_dir()/onnx`)."""
+    """The folder of exported graphs (default `cast_trtllm.cost_cache.cache_root()/onnx`)."""
     if cache_dir is None:
-        from runtime.engine.autoconfig import cache_dir as runtime_cache  # lazy: the engine may import backends
+        from cast_trtllm.cost_cache import cache_root
 
-        return runtime_cache() / "onnx"
+        return cache_root() / "onnx"
     return Path(cache_dir)
 
 

@@ -22,7 +22,12 @@ from runtime.backends.slot_pool import CacheFullError
 
 
 class PoolFullError(RuntimeError):
-    """The preallocated pool cannot admit this request now (all slots taken) or ever (too long)."""
+    """The preallocated pool cannot admit this request now (`retry`: all slots are taken; a server
+    queues it until one is free) or ever (it needs more rows than a slot holds)."""
+
+    def __init__(self, message: str, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 class StaticSlot:
@@ -76,10 +81,10 @@ class StaticPool:
         if capacity > self.max_context:
             raise PoolFullError(
                 f"the request needs up to {capacity} cache rows (prompt + max_new_tokens + one tree) but the KV "
-                f"pool was allocated with max_context {self.max_context}; shorten it or raise max_seq_len")
+                f"pool was allocated with max_context {self.max_context}; shorten it or raise max_seq_len", retry=False)
         if all(self.in_use):
             raise PoolFullError(f"all {self.max_slots} KV pool slots are taken; retry when a request finishes "
-                                f"or raise max_batch_size (the pool is allocated once, at engine start)")
+                                f"or raise max_batch_size (the pool is allocated once, at engine start)", retry=True)
         index = self.in_use.index(False)
         self.in_use[index] = True
         return StaticSlot(self, index, capacity)

@@ -47,7 +47,9 @@ class ExecChoice:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("CAST_CACHE_DIR") or Path.home() / ".cache" / "cast-trtllm")
+    from cast_trtllm.cost_cache import cache_root
+
+    return cache_root()
 
 
 def cache_key(device_name: str, target_name: str) -> str:

@@ -75,7 +75,7 @@ class LLMEngine:
         self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
         self.probing = False  # this round is the load probe's
         self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
-        self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # host search: faster on a CPU
+        self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # CPU: host search
         self.prompt_context_ms = 0.0  # this round's drafter context pass over first drafts' prompts (prefill-like)
 
     @property

@@ -140,6 +140,10 @@ class Scheduler:
         try:
             job.live = self.engine.add_request(job.request)
         except Exception as err:  # a bad request must not take the server down
+            if getattr(err, "retry", False) and self._running:  # a preallocated KV pool is full: wait for a slot
+                with self._cv:
+                    self._queue.appendleft(job)
+                return
             LOG.exception("prefill failed for %s", job.request.request_id)
             _finish(job, None, f"request failed: {err}")
             return

@@ -79,10 +79,38 @@ def test_mixed_batch_joins_and_leaves_keep_every_buffer_and_one_upload_and_read(
     assert joined > 4 and len(runner.runner.buckets) >= 2
 
 
+def test_a_steady_mixed_round_makes_no_other_upload_than_its_metadata(target, reference, monkeypatch):
+    """Every host array the engine's own code turns into a tensor in a steady round (the oracle
+    drafter's one upload is the test drafter's, not the engine's): none; the runner's metadata
+    goes up as one copy into its bucket's buffer."""
+    import traceback
+
+    ids, _, conts = reference
+    engine, runner = mixed_engine(target, conts)
+    for k, (method, budget) in enumerate(MIXED):
+        engine.add_request(Request(ids[k], 40, method=method, budget=budget, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    made = []
+    for name in ("from_numpy", "as_tensor", "tensor"):
+        original = getattr(torch, name)
+
+        def spy(*args, original=original, name=name, **kwargs):
+            caller = traceback.extract_stack()[-2].filename
+            if "/perf/" not in caller:
+                made.append((name, caller))
+            return original(*args, **kwargs)
+        monkeypatch.setattr(torch, name, spy)
+    uploads = runner.runner.uploads
+    for _ in range(3):
+        engine.step()
+    assert made == [] and runner.runner.uploads - uploads == 3
+
+
 def test_device_part_has_no_host_read_and_no_data_dependent_shape(target, reference):
     _, _, conts = reference
     engine, runner = runner_engine(target, conts, "cast", 15)
-    engine.generate([Request(conts[0][:12], 8, method="cast", budget=15, ignore_eos=True)])  # warm: a bucket with trees exists
+    engine.generate([Request(conts[0][:12], 8, method="cast", budget=15, ignore_eos=True)])  # a bucket with trees
     bucket = max(runner.runner.buckets.values(), key=lambda b: b.width)
     seen: list = []
     with SyncOps(seen):
@@ -155,3 +183,32 @@ def test_the_embedded_model_runs_the_runner_and_stays_lossless(embedded_checkpoi
     engine = LLMEngine(runner, DrafterExecutor(models.drafter, models.target))
     out = engine.generate([Request(prompt, 24, method="cast", budget=15, ignore_eos=True)])[0]
     assert out.token_ids == ar.token_ids and out.mean_accept_length > 1.2
+
+
+def test_a_server_queues_requests_while_the_preallocated_pool_is_full(target, reference):
+    """Admission by capacity under a server: a request that finds every slot taken waits for one
+    (nothing fails, nothing is lost); one that can never fit fails with the pool's message."""
+    import threading
+
+    from runtime.serving.scheduler import Scheduler
+
+    ids, ar, conts = reference
+    engine, _ = runner_engine(target, conts, "chain", None, slots=2, context=96)
+    scheduler = Scheduler(engine, max_batch=8, max_queue=8, request_timeout_s=120)
+    results, done = {}, threading.Event()
+
+    def finished(k):
+        def on_done(live, error):
+            results[k] = (live, error)
+            if len(results) == 6:
+                done.set()
+        return on_done
+
+    for k in range(5):
+        scheduler.submit(Request(ids[k], 8, method="chain", ignore_eos=True), lambda live: None, finished(k))
+    scheduler.submit(Request(ids[0], 200, method="chain", ignore_eos=True), lambda live: None, finished(5))
+    scheduler.start()
+    assert done.wait(120)
+    scheduler.shutdown(grace_s=5)
+    assert all(results[k][1] is None and results[k][0].tokens == ar[k].token_ids[:8] for k in range(5))
+    assert "max_context 96" in results[5][1]
