@@ -110,6 +110,10 @@ def make_backend(name: str, model: Any, tap_layer_ids: tuple[int, ...], threads:
 
 def make_drafter(name: str, drafter: Any, model: Any, threads: int, graphs: Path | None = None) -> Any:
     """The drafter executor that goes with target backend `name` (same interface)."""
+    if name == "runner" or (name == "torch" and model.lm_head.weight.is_cuda):  # a GPU runs the draft runner
+        from runtime.engine.draft_runner import DraftRunner
+
+        return DraftRunner(drafter, model)
     if name == "onnxruntime":
         from runtime.backends.ort_drafter import OrtDrafter
 

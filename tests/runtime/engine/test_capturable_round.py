@@ -170,19 +170,50 @@ def test_pool_is_allocated_once_over_100_rounds_and_a_full_pool_refuses(target, 
     assert len(done) > 20 and all(s.tokens == ar[k].token_ids[:len(s.tokens)] for k, s in done)
 
 
-def test_the_embedded_model_runs_the_runner_and_stays_lossless(embedded_checkpoint):
-    from runtime.drafter.executor import DrafterExecutor
-    from runtime.engine import LLMEngine
+@pytest.fixture(scope="module")
+def embedded_runners(embedded_checkpoint):
+    """The embedded target and the shipped DFlash head on the GPU path's two runners (eager here)."""
+    from runtime.engine.draft_runner import DraftRunner
     from runtime.loader import models_from_hf
 
-    models = models_from_hf(embedded_checkpoint, drafter="default")  # the shipped head, the session's weights
+    models = models_from_hf(embedded_checkpoint, drafter="default")  # the session's weights, the shipped head
     taps = tuple(models.drafter.config.target_layer_ids)
-    prompt = models.tokenizer("def fibonacci(n):")["input_ids"]
-    ar = LLMEngine(models.target, None).generate([Request(prompt, 24, method="ar", ignore_eos=True)])[0]
-    runner = RunnerTarget(models.target, taps, max_slots=2, max_context=128)
-    engine = LLMEngine(runner, DrafterExecutor(models.drafter, models.target))
-    out = engine.generate([Request(prompt, 24, method="cast", budget=15, ignore_eos=True)])[0]
-    assert out.token_ids == ar.token_ids and out.mean_accept_length > 1.2
+    target = RunnerTarget(models.target, taps, max_slots=4, max_context=192)
+    return models, target, DraftRunner(models.drafter, models.target, max_slots=4, max_context=192)
+
+
+def test_the_embedded_model_on_both_runners_stays_lossless(embedded_runners):
+    from runtime.engine import LLMEngine
+
+    models, target, drafter = embedded_runners
+    prompts = [models.tokenizer(p)["input_ids"] for p in ("def fibonacci(n):", "Tom has 3 apples and buys 5 more.")]
+    ar = LLMEngine(models.target, None).generate([Request(p, 24, method="ar", ignore_eos=True) for p in prompts])
+    engine = LLMEngine(target, drafter)
+    uploads = drafter.uploads
+    out = engine.generate([Request(p, 24, method="cast", budget=15, ignore_eos=True) for p in prompts])
+    assert [o.token_ids for o in out] == [a.token_ids for a in ar]
+    assert max(o.mean_accept_length for o in out) > 1.5
+    assert drafter.uploads - uploads == max(len(o.budgets) for o in out)  # one drafter upload per drafted round
+
+
+def test_the_drafter_part_is_static_and_traces_whole(embedded_runners):
+    from runtime.model.draft_forward import draft_round
+
+    models, _, drafter = embedded_runners
+    bucket = drafter.bucket(2)
+    args = (drafter.context, drafter.block, drafter.pool)
+    tail = (models.drafter.config.mask_token_id, drafter.num_draft_positions, drafter.rank_cap, drafter.draft_ids)
+    keys = drafter.pool.keys.data_ptr()
+    seen: list = []
+    with torch.inference_mode(), SyncOps(seen):
+        eager = draft_round(*args, bucket.meta, bucket.taps, *tail)
+    assert seen == []
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda meta, taps: draft_round(*args, meta, taps, *tail), fullgraph=True,
+                             backend="eager")
+    with torch.inference_mode():
+        traced = compiled(bucket.meta, bucket.taps)
+    assert torch.equal(traced[0], eager[0]) and drafter.pool.keys.data_ptr() == keys
 
 
 def test_a_server_queues_requests_while_the_preallocated_pool_is_full(target, reference):
