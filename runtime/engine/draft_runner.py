@@ -21,7 +21,7 @@ import torch
 from runtime.backends.static_pool import StaticPool, StaticSlot
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.vocab import DraftHead, DraftScores
-from runtime.engine.model_runner import BATCH_BUCKETS, bucket_of
+from runtime.engine.model_runner import BATCH_BUCKETS, bucket_of, capture
 from runtime.model.batch_draft_graph import BatchDraftGraph
 from runtime.model.draft_forward import draft_round
 from runtime.model.draft_graphs import ContextGraph
@@ -158,15 +158,5 @@ class DraftRunner:
                            self.num_draft_positions, self.rank_cap, self.draft_ids)
 
     def _capture(self, bucket: DraftBucket) -> None:
-        """Warm up on a side stream, then capture; the idle metadata stages no row (trash writes only)."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._call(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            bucket.outputs = self._call(bucket)
-        bucket.graph = graph
-
+        """The idle metadata stages no row: warm-up and capture write the trash column only."""
+        bucket.graph, bucket.outputs = capture(lambda: self._call(bucket), self.mempool)

@@ -99,18 +99,8 @@ class ModelRunner:
         return device_round(self.target, self.taps, self.pool, bucket.meta, self.max_depth, self.attend)
 
     def _capture(self, bucket: Bucket) -> None:
-        """Warm up on a side stream (compiles Triton, allocates), then capture; the idle metadata
-        commits nothing, so the pool is untouched (writes go to the trash column)."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._call(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            bucket.outputs = self._call(bucket)
-        bucket.graph = graph
+        """The idle metadata commits nothing, so warm-up and capture leave the pool untouched."""
+        bucket.graph, bucket.outputs = capture(lambda: self._call(bucket), self.mempool)
 
     def run(self, bucket: Bucket, after_upload=None):
         """One upload of `bucket.host` (filled by the caller), `after_upload(meta)` (device-side
@@ -141,6 +131,21 @@ class ModelRunner:
         flat = torch.cat([read.reshape(-1)] + [e.reshape(-1) for e in extra]).cpu().numpy()
         parts = np.split(flat, np.cumsum([read.numel()] + [e.numel() for e in extra])[:-1])
         return parts[0].reshape(read.shape), [p.reshape(e.shape) for p, e in zip(parts[1:], extra)]
+
+
+def capture(call, mempool):
+    """-> (graph, outputs): `call` warmed up twice on a side stream (Triton compiles, the
+    allocator settles), then captured into a `torch.cuda.CUDAGraph` in the shared `mempool`."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=mempool):
+        outputs = call()
+    return graph, outputs
 
 
 def idle(meta: np.ndarray, width: int) -> None:
