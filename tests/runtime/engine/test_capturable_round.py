@@ -243,3 +243,21 @@ def test_a_server_queues_requests_while_the_preallocated_pool_is_full(target, re
     scheduler.shutdown(grace_s=5)
     assert all(results[k][1] is None and results[k][0].tokens == ar[k].token_ids[:8] for k in range(5))
     assert "max_context 96" in results[5][1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA device")
+def test_captured_rounds_equal_eager_rounds_on_cuda():
+    cuda = torch.device("cuda")
+    model = loop.random_target(CFG, cuda, torch.float32)
+    ids, ar = loop.continuations(model, CFG, 3, 12, 40)
+    conts = [p + r.token_ids for p, r in zip(ids, ar)]
+    outs = []
+    for graphs in (False, True):
+        runner = RunnerTarget(model, (1,), graphs=graphs, max_slots=4, max_context=192, max_depth=8)
+        drafter = loop.OracleDrafter(conts, CFG.vocab_size, L, 0.25, cuda)
+        engine = loop.engine_for(runner, drafter, "cast", 15, L)
+        outs.append([r.token_ids for r in engine.generate([Request(p, 30, method="cast", budget=15, ignore_eos=True)
+                                                           for p in ids])])
+        assert all(b.graph is not None for b in runner.runner.buckets.values()) == graphs
+    assert outs[0] == outs[1] == [a.token_ids[:30] for a in ar]
