@@ -124,8 +124,8 @@ class SamplingParams:
             value = getattr(self, name)
             if not any(value is v or (type(value) is type(v) and value == v) for v in neutral):
                 raise ValueError(f"SamplingParams.{name}={value!r} is not supported: {why}")
-        if self.logprobs is True:  # TensorRT-LLM takes logprobs=True for the sampled token's logprob
-            self.logprobs = 0
+        if isinstance(self.logprobs, bool):  # as TensorRT-LLM: True = the sampled token's logprob only
+            self.logprobs = 0 if self.logprobs else None
         _number("max_tokens", self.max_tokens, isinstance(self.max_tokens, int) and self.max_tokens >= 1,
                 "an integer >= 1")
         _number("temperature", self.temperature, self.temperature is not None and 0 <= self.temperature < 1e6,
