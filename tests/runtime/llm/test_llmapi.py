@@ -139,3 +139,9 @@ def test_what_the_engine_cannot_honour_is_one_error_line_naming_the_field(kwargs
 def test_an_unknown_llm_argument_is_named(make_llm):
     with pytest.raises(ValueError, match="'max_tokens_per_second'"):
         make_llm(max_tokens_per_second=3)
+
+
+def test_a_seeded_sampled_request_repeats_exactly_with_a_fixed_budget(cast):
+    params = SamplingParams(max_tokens=10, temperature=0.8, top_k=20, top_p=0.95, seed=7)
+    first, again = (cast.generate(PROMPTS[0], params).outputs[0].token_ids for _ in range(2))
+    assert first == again and len(first) == 10
