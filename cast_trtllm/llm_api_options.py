@@ -14,12 +14,15 @@ accepted unchanged; a DFlash block means the DFlash chain:
       max_concurrency: 32            # -> SpecConfig.max_concurrency (no drafting above it)
       draft_len_schedule, load_format, acceptance_rate_threshold, acceptance_rate_window_size,
       use_rejection_sampling, allow_advanced_sampling, advanced_sampling_mode, enable_penalty,
-      attention_backend              # checked as TensorRT-LLM types them, then ignored (see _IGNORED)
+      attention_backend, and 1.4's moe_backend, spec_dec_variant, context_recompute_tail,
+      skip_ctx_buffer_budget_check   # checked as TensorRT-LLM types them, then ignored (see _IGNORED)
 
 `decoding_type: CAST` adds this project's fields: budget (N | auto), rank_cap,
 width_profile, width_rule, draft_gate, gate_probe_every, max_request_width. Every mapping (or why a field
-is ignored) is returned as a note for the command to print on stderr. Other top-level
-keys are TensorRT-LLM engine options this runtime does not use: reported, not rejected.
+is ignored) is returned as a note for the command to print on stderr. Top-level keys that
+mean something here are honoured (`engine`: max_batch_size = requests per round,
+max_num_tokens = tokens per round's pass); the other TensorRT-LLM engine options are
+reported as ignored, not rejected.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def _optional(check, what: str):
 
 _BOOL = (lambda v: isinstance(v, bool)), "true or false"
 _ADVANCED_SAMPLING_MODES = ("full", "no_topk", "no_topp", "no_topk_no_topp")
+_MOE_BACKENDS = ("AUTO", "CUTLASS", "CUTEDSL", "CUTEDSL_FC12", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA", "TRITON",
+                 "MARLIN", "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL")
 _THRESHOLD = _optional(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]")
 _WINDOW = _optional(lambda v: is_int(v) and v >= 0, "an integer >= 0")
 # TensorRT-LLM fields with no behaviour here: name -> ((check, what TensorRT-LLM accepts), why ignored)
@@ -61,12 +66,25 @@ _IGNORED = {
     "allow_advanced_sampling": (_BOOL, "a no-op in TensorRT-LLM too: sampling is chosen per request"),
     "advanced_sampling_mode": ((lambda v: v in _ADVANCED_SAMPLING_MODES, f"one of {list(_ADVANCED_SAMPLING_MODES)}"),
                                "top_k / top_p apply per request; there are no filter kernels to skip"),
-    "enable_penalty": (_BOOL, "the engine applies no occurrence penalties; requests asking for them are refused"),
-    "attention_backend": ((lambda v: v in ("VANILLA", "TRTLLM"), "'VANILLA' or 'TRTLLM'"),
+    "enable_penalty": (_BOOL, "penalties and min_p always run on the target's verified rows when a request "
+                              "asks for them (cast_trtllm/penalties.py)"),
+    "attention_backend": ((lambda v: v in ("VANILLA", "TRTLLM", "FA4"), "'VANILLA', 'TRTLLM' or 'FA4'"),
                           "the drafter's context attention runs on this runtime's backend (onnxruntime or torch)"),
+    # TensorRT-LLM 1.4
+    "moe_backend": (_optional(lambda v: v in _MOE_BACKENDS, f"one of {list(_MOE_BACKENDS)}"),
+                    "the targets this runtime loads (Llama, Qwen2, Qwen3) are dense: no MoE kernels to choose"),
+    "spec_dec_variant": (_optional(lambda v: is_int(v) and v > 0, "an integer > 0"),
+                         "TensorRT-LLM's choice among its DFlash kernel variants; CAST has one verify path"),
+    "context_recompute_tail": (_optional(lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+                               "no prefix cache here: every prompt token runs through the target, so the "
+                               "drafter already sees the whole context"),
+    "skip_ctx_buffer_budget_check": (_BOOL, "no fixed context buffer here: the drafter's feature cache is "
+                                            "sized per request"),
 }
 _TOTAL = "max_total_draft_tokens"  # tree size: CAST's budget N; DFlash's chain has max_draft_len tokens
 _MODEL = ("speculative_model", "speculative_model_dir")
+ENGINE_KEYS = {"max_batch_size": "requests decoded together per round (the scheduler's batch)",
+               "max_num_tokens": "tokens per round's target pass (decode packs, then prompt chunks)"}
 _KNOWN = {"decoding_type", *_MAPPED, *_CAST_FIELDS, *_CHECKED, *_IGNORED, _TOTAL, *_MODEL}
 
 
@@ -77,6 +95,7 @@ class LlmApiOptions:
     expect_drafter: dict[str, Any] | None = None  # mask_token_id / target_layer_ids the drafter must have
     notes: tuple[str, ...] = ()  # one line per field: how it maps, or why it is ignored
     ignored_keys: tuple[str, ...] = ()  # top-level TensorRT-LLM options not used here
+    engine: dict[str, int] | None = None  # honoured top-level keys (ENGINE_KEYS) -> value
 
 
 def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmApiOptions:
@@ -85,10 +104,16 @@ def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmA
         return LlmApiOptions(None)
     if not isinstance(options, Mapping):
         raise ValueError(f"extra LLM-API options must be a YAML mapping at top level, got {type(options).__name__}")
-    ignored = tuple(sorted(str(k) for k in options if k != "speculative_config"))
+    engine = {k: options[k] for k in ENGINE_KEYS if k in options}
+    for key, value in engine.items():
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{key}: must be an integer >= 1, got {value!r}")
+    ignored = tuple(sorted(str(k) for k in options if k != "speculative_config" and k not in ENGINE_KEYS))
+    top = [f"{k} {v} -> {ENGINE_KEYS[k]}" for k, v in engine.items()]
+    top += [f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored]
     block = options.get("speculative_config")
     if block is None:
-        return LlmApiOptions(None, ignored_keys=ignored)
+        return LlmApiOptions(None, notes=tuple(top), ignored_keys=ignored, engine=engine or None)
     if not isinstance(block, Mapping):
         raise ValueError(f"speculative_config: must be a mapping, got {type(block).__name__}")
     unknown = sorted(set(block) - _KNOWN)
@@ -143,8 +168,7 @@ def parse_llm_api_options(options: Any, base: SpecConfig = SpecConfig()) -> LlmA
     except ValueError as err:
         field = next((f for f in changes if f in str(err)), "decoding_type")
         raise ValueError(f"speculative_config.{field}: {err}") from None
-    notes += [f"{k}: ignored (a TensorRT-LLM engine option this runtime does not use)" for k in ignored]
-    return LlmApiOptions(spec, model, expect or None, tuple(notes), ignored)
+    return LlmApiOptions(spec, model, expect or None, tuple(notes + top), ignored, engine or None)
 
 
 def load_llm_api_options(path: str | Path, base: SpecConfig = SpecConfig()) -> LlmApiOptions:

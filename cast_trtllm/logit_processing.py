@@ -1,4 +1,5 @@
-"""Per-request logit processing of the target: `min_tokens`, `bad_words`, and logprobs.
+"""Per-request logit processing of the target: `min_tokens`, `bad_words`, the occurrence
+penalties and min_p (`cast_trtllm.penalties`), and logprobs.
 
 Lossless decoding keeps the target's law AFTER the fixed processors (Theorem 3), so the
 processors here run on the target's verify logits INSIDE the walk, before the greedy
@@ -14,6 +15,7 @@ the prompt, the emitted tokens and the tree path root -> r (node tokens, root ex
   (as vLLM's MinTokensLogitsProcessor and TensorRT-LLM's min length).
 - bad_words: token sequences w_1..w_k; w_k gets -inf on a row whose context ends with
   w_1..w_{k-1} (k = 1: always), the context being prompt + output as in TensorRT-LLM.
+- penalties / min_p: over the same per-row context, after the bans (`Penalties`).
 
 Logprobs (OpenAI `logprobs` / `top_logprobs`): log_softmax of the processed row that
 produced each committed token (no temperature, top-k or top-p), and its top-k entries.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from cast_trtllm.penalties import Penalties
 from cast_trtllm.tree import Tree
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
@@ -45,17 +48,29 @@ def check_bad_words(bad_words: Sequence[Sequence[int]], vocab_size: int | None =
 
 @dataclass(frozen=True, slots=True)
 class LogitProcessor:
-    """What one request bans: stop ids before `min_tokens` output tokens, and bad words."""
+    """What one request bans (stop ids before `min_tokens` output tokens, bad words) and how
+    it reweighs its rows (penalties, min_p at the request's temperature)."""
 
     stop_ids: tuple[int, ...]  # the ids that end this request (masked before min_tokens)
     min_tokens: int = 0
     bad_words: tuple[tuple[int, ...], ...] = ()
+    penalties: Penalties | None = None
+    temperature: float = 0.0  # the request's (min_p is on the temperature-scaled law)
 
     @staticmethod
-    def of(stop_ids: Sequence[int], min_tokens: int, bad_words: Sequence[Sequence[int]]) -> LogitProcessor | None:
+    def of(stop_ids: Sequence[int], min_tokens: int, bad_words: Sequence[Sequence[int]],
+           penalties: Penalties | None = None, temperature: float = 0.0) -> LogitProcessor | None:
         """The processor of a request, or None when it asks for nothing (then it costs nothing)."""
-        proc = LogitProcessor(tuple(int(t) for t in stop_ids), int(min_tokens), check_bad_words(bad_words))
-        return proc if (proc.min_tokens > 0 and proc.stop_ids) or proc.bad_words else None
+        if penalties is not None and not penalties.active(temperature):
+            penalties = None
+        proc = LogitProcessor(tuple(int(t) for t in stop_ids), int(min_tokens), check_bad_words(bad_words),
+                              penalties, float(temperature))
+        return proc if (proc.min_tokens > 0 and proc.stop_ids) or proc.bad_words or penalties else None
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether `apply` reads the prompt + output (bad words, occurrence penalties)."""
+        return bool(self.bad_words) or (self.penalties is not None and self.penalties.counts_tokens)
 
     def apply(
         self,
@@ -80,11 +95,13 @@ class LogitProcessor:
                     if len(w) == 1 or ctx[len(ctx) - len(w) + 1:] == w[:-1]:
                         rows.append(r)
                         cols.append(w[-1])
-        if not rows:
-            return logits
-        out = logits.clone()
-        index = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
-        out[index] = float("-inf")
+        out = logits
+        if rows:
+            out = logits.clone()
+            index = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
+            out[index] = float("-inf")
+        if self.penalties is not None:
+            out = self.penalties.apply(out, tree, history, self.temperature)
         return out
 
     def _contexts(self, tree: Tree, history: Sequence[int]) -> list[tuple[int, ...]]:

@@ -1,6 +1,6 @@
 """Engine build for one GPU SKU: ONNX graphs, plugin PTX, build manifest, TensorRT engines.
 
-    manifest = build("h200", "embedded", Path("build/"), drafter=Path("head/"))
+    manifest = build("h200", "embedded", Path("build/"), drafter="default")
 
 Writes into `out`: verify graphs (standard-ops flavour `verify_onnx.onnx`, which
 onnxruntime runs; custom-node flavour `verify_plugin.onnx`, for TensorRT), the drafter's
@@ -28,7 +28,6 @@ from engine_builder.skus import SkuSpec, load_sku
 from plugins.tree_attention.aot import AOT_ARCHS, compile_kernel
 from plugins.tree_attention.kernel_spec import KernelSpec
 from plugins.tree_attention.trt_plugin import tensorrt_status
-from runtime.drafter.checkpoint import load_drafter
 from runtime.engine.engine_dir import MANIFEST_NAME
 from runtime.model.llama import LlamaTarget
 
@@ -94,27 +93,26 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def build(sku: str, target_source: str, out: Path, drafter_dir: Path | None = None, num_layers: int | None = None,
+def build(sku: str, target_source: str, out: Path, drafter_source: str = "default", num_layers: int | None = None,
           flavours: tuple[str, ...] = tuple(VERIFY_FILES), progress: Callable[[str], None] = lambda msg: None,
           try_engines: bool = True) -> dict[str, Any]:
     """Export, write the manifest, and build engines if `try_engines` and TensorRT imports; returns the
     manifest (its "tensorrt" entry: what was built, or why the engines were not).
 
-    sku: shipped SKU name or spec .yaml path; target_source: "embedded", "random" (tiny seeded test
-    model) or an HF model dir / .gguf file; drafter_dir: DFlash checkpoint (None: no draft graphs);
+    sku: shipped SKU name or spec .yaml path; target_source / drafter_source: what `--target` /
+    `--drafter` name to every command, loaded by the one loader (drafter "none": no draft graphs);
     num_layers: export only the first K >= 1 target layers (smoke builds); flavours: keys of VERIFY_FILES."""
     from runtime.loader import load_models
 
     spec = load_sku(sku)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    progress(f"loading target {target_source!r} in {spec.dtype}")
-    loaded = load_models(target_source, "none", "cpu", getattr(torch, spec.dtype))
+    progress(f"loading target {target_source!r} and drafter {drafter_source!r} in {spec.dtype}")
+    loaded = load_models(target_source, drafter_source, "cpu", getattr(torch, spec.dtype))
     target, target_name = loaded.target, loaded.name
     full_layers = target.config.num_layers
-    drafter = None
-    if drafter_dir is not None:  # checked against the full target it was trained for
-        drafter = load_drafter(drafter_dir, target.config, dtype=getattr(torch, spec.dtype))
+    drafter = loaded.drafter  # checked against the full target it was trained for
+    drafter_dir = loaded.drafter_source
     if num_layers is not None and num_layers < full_layers:
         target = ox.truncate_target(target, num_layers)
         dropped = [i for i in (drafter.config.target_layer_ids if drafter else ()) if i >= num_layers]
@@ -175,6 +173,9 @@ def build(sku: str, target_source: str, out: Path, drafter_dir: Path | None = No
         message = f"built {len(manifest['engines'])} TensorRT engines in {out}"
     elif status is None:
         message = "TensorRT engines need the plugin flavour of the verify graph (--flavour plugin or both)"
+    elif spec.compute_capability is None:
+        message = (f"no TensorRT engines: the TensorRT step is for GPU SKUs ({spec.name} has no GPU). Wrote "
+                   f"{len(graphs)} ONNX graphs and {MANIFEST_NAME} to {out}; `--engine {out}` runs its graphs")
     else:
         message = (f"no TensorRT engines built: {status}. Wrote {len(graphs)} ONNX graphs and "
                    f"{MANIFEST_NAME} to {out}; build the engines from them on a machine with TensorRT")

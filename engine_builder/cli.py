@@ -14,9 +14,10 @@ from engine_builder.skus import list_skus
 @click.command()
 @click.option("--sku", required=True, help=f"GPU SKU spec: one of {', '.join(list_skus())}, or a spec .yaml path.")
 @click.option("--target", default="embedded", show_default=True,
-              help="'embedded' (SmolLM2-135M), 'random' (tiny seeded test model), or an HF model dir / .gguf file.")
-@click.option("--drafter", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="DFlash checkpoint directory (config.json + model.safetensors); omit to skip the draft graphs.")
+              help="Target model: embedded (SmolLM2-135M-Instruct) | an HF model directory | a .gguf file.")
+@click.option("--drafter", default="default", show_default=True,
+              help="DFlash drafter: default (the head shipped for the embedded target) | a z-lab DFlash "
+                   "checkpoint directory | none (no draft graphs: the directory runs AR only).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output directory for the ONNX files, plugin PTX, manifest and engines.")
 @click.option("--num-layers", type=click.IntRange(min=1), default=None,
@@ -26,11 +27,13 @@ from engine_builder.skus import list_skus
                    "(TensorRT), or both.")
 @click.option("--onnx-only", is_flag=True, help="Stop after the ONNX files and manifest; do not try TensorRT.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a summary.")
-def build(sku: str, target: str, drafter: Path | None, out: Path, num_layers: int | None, flavour: str,
+def build(sku: str, target: str, drafter: str, out: Path, num_layers: int | None, flavour: str,
           onnx_only: bool, as_json: bool) -> None:
     """Export the verify graph (one optimization profile per width bucket), the DFlash draft
     graphs and the plugin PTX for SKU, write a build manifest, and build TensorRT engines
-    where TensorRT is importable (else exit 1 with the reason, after writing the files)."""
+    where TensorRT is importable. Without TensorRT a GPU SKU exits 1 with the reason (after
+    writing the files); the CPU SKU exits 0: its graphs are what `--engine DIR` runs, and
+    the TensorRT step is for GPU SKUs."""
     flavours = tuple(VERIFY_FILES) if flavour == "both" else (flavour,)
     try:
         manifest = run_build(sku, target, out, drafter, num_layers, flavours,
@@ -48,6 +51,6 @@ def build(sku: str, target: str, drafter: Path | None, out: Path, num_layers: in
         buckets = [p["bucket"] for p in manifest["optimization_profiles"]["verify"]]
         click.echo(f"buckets (one optimization profile each): {buckets}")
         click.echo(f"manifest: {out / MANIFEST_NAME}")
-    if not manifest["engines"] and not onnx_only:
+    if not manifest["engines"] and not onnx_only and manifest["sku"]["compute_capability"] is not None:
         raise click.ClickException(manifest["tensorrt"])
     click.echo(manifest["tensorrt"], err=True)

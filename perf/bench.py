@@ -155,8 +155,13 @@ def sweep(ctx: click.Context, budgets: str, no_auto: bool, no_ar: bool, no_ungat
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per (concurrency, method) cell, method order rotated each time; the median run "
                    "(the slower middle one of an even count) is reported.")
+@click.option("--report-json", "--report_json", "report_json", type=click.Path(dir_okay=False), default=None,
+              help="Also write trtllm-bench's report JSON (performance, streaming_metrics, decoding_stats; "
+                   "perf/trtllm_report.py): its top level is the last method at the highest concurrency, `runs` "
+                   "holds every cell. --via engine only.")
 @bench_mode
-def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, repeats: int, **kwargs) -> None:
+def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, repeats: int, report_json: str | None,
+               **kwargs) -> None:
     """Tokens/s of each method at each concurrency (continuous batching), greedy, EOS ignored."""
     from perf import throughput as tp
     from perf.page import throughput_page
@@ -171,6 +176,8 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
             raise ValueError("--methods: list ar first (every ratio is to it); peers run in latency mode only")
         if params["temperature"] or params["stop_at_eos"]:
             raise ValueError("throughput runs greedy with EOS ignored: drop --temperature / --stop-at-eos")
+        if report_json and via != "engine":
+            raise ValueError("--report_json reads each request's rounds in process: run it with --via engine")
         pools = {domain_label(name): load_dataset(name, params["num_prompts"], params["max_new_tokens"],
                                                   params["data_dir"], params["skip_prompts"])
                  for name in domains(params["dataset"])}
@@ -198,11 +205,34 @@ def throughput(ctx: click.Context, methods: str, concurrency: str, via: str, rep
         if server is not None:
             server.terminate()
             server.wait(60)
+    if via == "engine":
+        trtllm_report(report_json, cells, described, session.built.engine)
     report = {"mode": "throughput", "via": via, "command": command_line(ctx), "machine": machine_info(),
               "engine": described, "methods": [s.label for s in specs], "concurrency": levels,
               "settings": {k: v for k, v in params.items() if k not in ("as_json", "no_progress")},
               "domains": cells}
     finish(report, throughput_page(report, params["out"]), params)
+
+
+def trtllm_report(path: str | None, cells: dict[str, list[dict]], engine: dict, live_engine) -> None:
+    """trtllm-bench's report of every (domain, concurrency, method) cell into `path` (None: none written);
+    the rows keep their tables (the per-request records leave them here either way)."""
+    import json
+
+    from perf.throughput import RECORDS
+    from perf.trtllm_report import bench_report
+
+    drafter = live_engine.drafter
+    positions = None if drafter is None else live_engine.spec.draft_positions(drafter.num_draft_positions)
+    described = {**engine, "max_num_tokens": live_engine.max_num_tokens}
+    runs = [bench_report(row.pop(RECORDS), described, row["concurrency"], row["method"], positions, domain)
+            for domain, rows in cells.items() for row in rows]
+    if path is None:
+        return
+    top = max(runs, key=lambda r: (r["world_info"]["max_batch_size"], 0))  # the highest concurrency, last method
+    top = [r for r in runs if r["world_info"]["max_batch_size"] == top["world_info"]["max_batch_size"]][-1]
+    with open(path, "w") as f:
+        json.dump({**top, "runs": runs}, f, indent=2)
 
 
 for command in (tree, backends):

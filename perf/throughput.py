@@ -33,14 +33,18 @@ import numpy as np
 from tqdm import tqdm
 
 from perf.harness import MethodSpec
+from perf.trtllm_report import RequestRecord
 from runtime.engine import LLMEngine, Request
 from runtime.engine.trees import MeanBudget
 
 
-def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple[float, float, list[Any], int]:
-    """Run `requests` with at most `concurrency` live -> (wall s, s inside step, finished sequences, rounds)."""
+def serve(engine: LLMEngine, requests: list[Request], concurrency: int
+          ) -> tuple[float, float, list[Any], int, list[float]]:
+    """Run `requests` with at most `concurrency` live -> (wall s, s inside step, finished sequences, rounds,
+    each request's finish time on the engine's clock)."""
     queue, live, rounds, stepping = deque(enumerate(requests)), {}, 0, 0.0
     out: list[Any] = [None] * len(requests)
+    ends = [0.0] * len(requests)
     start = time.perf_counter()
     while queue or engine.active:
         while queue and len(engine.active) < concurrency:
@@ -48,13 +52,14 @@ def serve(engine: LLMEngine, requests: list[Request], concurrency: int) -> tuple
             seq = engine.add_request(req)
             live[id(seq)] = (i, seq)
             if seq.done:
-                out[i] = seq
+                out[i], ends[i] = seq, engine.clock.now()
         began = time.perf_counter()
         for seq in engine.step():
-            out[live.pop(id(seq))[0]] = seq
+            i = live.pop(id(seq))[0]
+            out[i], ends[i] = seq, engine.clock.now()
         stepping += time.perf_counter() - began
         rounds += 1
-    return time.perf_counter() - start, stepping, out, rounds
+    return time.perf_counter() - start, stepping, out, rounds, ends
 
 
 def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
@@ -105,16 +110,27 @@ def run(engine: LLMEngine, prompts: list[list[int]], max_new: int, methods: Sequ
     reference = [s.tokens for s in serve_method(engine, MethodSpec("ar"), prompts, max_new, 1)[2]]
 
     def measure(c: int, m: MethodSpec) -> dict:
-        wall, stepping, seqs, rounds = serve_method(engine, m, prompts, max_new, c)
+        wall, stepping, seqs, rounds, ends = serve_method(engine, m, prompts, max_new, c)
         tokens, lengths = sum(len(s.tokens) for s in seqs), [R for s in seqs for R in s.accept_lengths]
         return {"concurrency": c, "method": m.label, "tokens": tokens, "wall_s": wall,
                 "tokens_per_s": tokens / wall, "decode_s": stepping,
                 "decode_tokens_per_s": (tokens - len(seqs)) / stepping, "rounds": rounds,
                 "mean_R": float(np.mean(lengths)) if lengths else None,
                 "mean_N": float(np.mean([N for s in seqs for N in s.budgets])) if lengths else None,
-                "requests": len(seqs), "equal_to_ar": sum(s.tokens == want for s, want in zip(seqs, reference))}
+                "requests": len(seqs), "equal_to_ar": sum(s.tokens == want for s, want in zip(seqs, reference)),
+                RECORDS: [request_record(s, end) for s, end in zip(seqs, ends)]}
 
     return sweep_cells(levels, methods, repeats, measure, progress)
+
+
+RECORDS = "_records"  # a row's per-request records (`--report_json`); bench.py takes them out of the report
+
+
+def request_record(seq: Any, end: float) -> RequestRecord:
+    """One finished request's timeline and rounds, as trtllm-bench's report reads them."""
+    return RequestRecord(len(seq.request.prompt_ids), len(seq.tokens), seq.arrival,
+                         seq.arrival + seq.timings.ttft_ms / 1e3, end, list(seq.accept_lengths), list(seq.budgets),
+                         list(seq.drafted))
 
 
 def start_server(flags: Sequence[str], max_batch: int, max_queue: int, max_tokens: int) -> tuple[subprocess.Popen, Any]:

@@ -52,27 +52,40 @@ def _summary(result, built) -> str:
 @click.option("--bad-word", "bad_words", multiple=True, help="A word never generated (repeatable).")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Keep each token's logprob and its K most likely alternatives (--json prints them).")
+@click.option("--repetition-penalty", type=float, default=None,
+              help="TensorRT-LLM's repetition penalty (> 0; 1 = off), on the target's rows.")
+@click.option("--presence-penalty", type=float, default=None, help="Presence penalty (0 = off), on the target's rows.")
+@click.option("--frequency-penalty", type=float, default=None,
+              help="Frequency penalty (0 = off), on the target's rows.")
+@click.option("--min-p", type=float, default=None, help="min-p in [0, 1] (0 = off; no effect when greedy).")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text + summary.")
 def generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_strings, ignore_eos, min_tokens,
-             bad_words, logprobs, chat, as_json, **options) -> None:
+             bad_words, logprobs, repetition_penalty, presence_penalty, frequency_penalty, min_p, chat, as_json,
+             **options) -> None:
     """Generate text with lossless speculative decoding (greedy output == autoregressive output)."""
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="--prompt")
     if any(not s for s in stop_strings):
         raise click.BadParameter("stop strings must be non-empty", param_hint="--stop")
-    from cast_trtllm.sampling import SamplingParams
-    from runtime.engine import Request
+    if any(not w for w in bad_words):
+        raise click.BadParameter("a bad word has no tokens: send non-empty words", param_hint="--bad-word")
+    from cast_trtllm.sampling_params import SamplingParams
+    from runtime.llm.requests import engine_request
 
+    try:  # the one SamplingParams every surface builds its requests through
+        params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k or None, top_p=top_p,
+                                seed=seed, stop=list(stop_strings) or None, ignore_eos=ignore_eos,
+                                min_tokens=min_tokens, bad=list(bad_words) or None, logprobs=logprobs,
+                                repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty, min_p=min_p)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
     opts = engine_options(**options)
     os.environ.setdefault("TQDM_DISABLE", "1")  # the gguf dequantization bar
     built = engine_from_options(opts)
-    prompt_ids = built.encode(prompt, chat)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     try:
-        bad = tuple(tuple(built.models.tokenizer(w, add_special_tokens=False).input_ids) for w in bad_words)
-        request = Request(tuple(prompt_ids), max_new_tokens, sampling, tuple(stop_strings), ignore_eos=ignore_eos,
-                          min_tokens=min_tokens, bad_words=bad, logprobs=logprobs)
+        request = engine_request(params, built.encode(prompt, chat), built.models.tokenizer)
         result = built.engine.generate([request])[0]
     except ValueError as err:
         raise click.ClickException(str(err)) from err

@@ -107,6 +107,15 @@ def load_hf_checkpoint(
     return HFCheckpoint(model.eval(), tokenizer, name, source)
 
 
+def load_tokenizer(target: str = "embedded") -> Any:
+    """The tokenizer of what `--target` names, without reading the weights."""
+    directory, gguf_file, _ = _locate(target)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True, **({"gguf_file": gguf_file} if gguf_file
+                                                                              else {}))
+
+
 def models_from_hf(checkpoint: HFCheckpoint, drafter: str = "default") -> LoadedModels:
     """Our forward over a loaded checkpoint's weights (shared) and the drafter `drafter` names."""
     target = LlamaTarget.from_hf(checkpoint.model)

@@ -59,7 +59,8 @@ _SPEC_OPTIONS = [
                       "Theorem 2 [table]."),
     click.option("--draft-gate/--no-draft-gate", default=None,
                  help="auto: skip drafting in rounds where AR measures faster [on]."),
-    click.option("--extra-llm-api-options", "llm_api_options", type=click.Path(dir_okay=False), default=None,
+    click.option("--extra-llm-api-options", "--extra_llm_api_options", "--config", "llm_api_options",
+                 type=click.Path(dir_okay=False), default=None,
                  help="TensorRT-LLM YAML with a speculative_config block (decoding_type DFlash or CAST); "
                       "overrides the flags above; how each field maps is printed on stderr."),
 ]
@@ -88,6 +89,7 @@ class EngineOptions:
     spec: SpecConfig
     expect_drafter: dict[str, Any] | None = None
     engine_dir: str | None = None
+    engine_limits: dict[str, int] | None = None  # the YAML's honoured top-level keys (max_batch_size, max_num_tokens)
 
 
 def engine_options(target: str, drafter: str, device: str, dtype: str, threads: int | None, llm_api_options=None,
@@ -98,7 +100,7 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
         spec = SpecConfig().with_overrides(**spec_flags)
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
-    expect = None
+    expect = limits = None
     if llm_api_options:
         from cast_trtllm.llm_api_options import load_llm_api_options
 
@@ -110,10 +112,11 @@ def engine_options(target: str, drafter: str, device: str, dtype: str, threads: 
             click.echo(f"[extra-llm-api-options] {note}", err=True)
         spec = opts.spec or spec
         drafter = opts.speculative_model or drafter
-        expect = opts.expect_drafter
+        expect, limits = opts.expect_drafter, opts.engine
     if spec.method == "ar" and drafter == "default":
         drafter = "none"
-    return EngineOptions(target, drafter, device, None if dtype == "auto" else dtype, threads, spec, expect, engine_dir)
+    return EngineOptions(target, drafter, device, None if dtype == "auto" else dtype, threads, spec, expect, engine_dir,
+                         limits)
 
 
 def engine_from_options(opts: EngineOptions):
@@ -123,7 +126,8 @@ def engine_from_options(opts: EngineOptions):
 
     try:
         built = build_engine(opts.target, opts.drafter, opts.spec, opts.device, opts.dtype, opts.threads,
-                             engine_dir=opts.engine_dir)
+                             engine_dir=opts.engine_dir, **{k: v for k, v in (opts.engine_limits or {}).items()
+                                                            if k == "max_num_tokens"})
     except (EmbeddedModelMissing, ValueError) as err:
         raise click.ClickException(str(err)) from err
     if opts.expect_drafter and built.engine.drafter is not None:

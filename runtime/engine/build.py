@@ -141,13 +141,15 @@ def _stderr(message: str) -> None:
 
 def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecConfig = SpecConfig(),
                  device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
-                 threads: int | None = None, say=_stderr, engine_dir: str | Path | None = None) -> Built:
+                 threads: int | None = None, say=_stderr, engine_dir: str | Path | None = None,
+                 max_num_tokens: int = 512) -> Built:
     """Load the models once and build the engine every command runs.
 
     dtype None/"auto" on a CPU: the fastest (dtype, threads) measured for this model on
     this machine, from the cache or a first-use probe (`say` reports which, and why).
     engine_dir: a built engine directory to run (`runtime.engine.engine_dir`): its
     onnxruntime graphs, fp32 on the CPU, checked against the loaded checkpoints.
+    max_num_tokens: tokens per round's target pass (`LLMEngine`; TensorRT-LLM's max_num_tokens).
     """
     from runtime.device import device_name
     from runtime.engine import autoconfig
@@ -202,7 +204,7 @@ def build_engine(target: str = "embedded", drafter: str = "default", spec: SpecC
                                           head_identity(models.drafter), draft.num_draft_positions + 1)
         atexit.register(_save_quietly, cost, cache)
         width, path = (lambda prefix_len: cost), f"online cost model; prior: {source}"
-    engine = LLMEngine(target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost)
+    engine = LLMEngine(target, draft, models.tokenizer, models.eos_token_ids, spec, width, cost, max_num_tokens)
     return Built(engine, models, dev, path, execution)
 
 

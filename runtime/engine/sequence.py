@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from cast_trtllm.draft_gate import DraftGate
+from cast_trtllm.penalties import Penalties
 from cast_trtllm.logit_processing import MAX_TOP_LOGPROBS, LogitProcessor, check_bad_words, committed_rows, \
     token_logprobs
 from cast_trtllm.sampling import SamplingParams, sample_tokens
@@ -34,6 +35,7 @@ class Request:
     min_tokens: int = 0  # the ids that end it are banned before this many output tokens
     bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never emitted
     logprobs: int | None = None  # None: none kept; k: each token's logprob and its row's top k
+    penalties: Penalties | None = None  # repetition / presence / frequency penalties, min_p (target rows)
 
     def stop_ids(self, engine_eos: tuple[int, ...]) -> tuple[int, ...]:
         """The token ids that end this request."""
@@ -100,7 +102,8 @@ class Sequence:
 
     def __post_init__(self) -> None:
         req = self.request  # the ids that end it (the stop checker's) are the ones min_tokens bans
-        self.processor = LogitProcessor.of(sorted(self.stop.eos), req.min_tokens, req.bad_words)
+        self.processor = LogitProcessor.of(sorted(self.stop.eos), req.min_tokens, req.bad_words, req.penalties,
+                                           req.sampling.temperature)
 
     @property
     def request_id(self) -> str:
@@ -111,7 +114,7 @@ class Sequence:
         (`cast_trtllm.logit_processing`); `logits` itself when there is nothing to apply."""
         if self.processor is None:
             return logits
-        history = self.request.prompt_ids + tuple(self.tokens) if self.processor.bad_words else ()
+        history = self.request.prompt_ids + tuple(self.tokens) if self.processor.needs_history else ()
         return self.processor.apply(logits, tree, history, len(self.tokens))
 
     def sample_first(self, logits: torch.Tensor) -> int:

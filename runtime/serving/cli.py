@@ -11,10 +11,15 @@ from click.core import ParameterSource
 
 from runtime.options import engine_options, model_options, option_group, spec_options
 from runtime.serving.config import ServingConfig
+from runtime.serving.trtllm_flags import report_ignored_trtllm_flags, trtllm_serve_options
 
 _LIMIT_OPTIONS = [
-    click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
-                 help="Requests decoded together (one round = one verify pass)."),
+    click.option("--max-batch", "--max-batch-size", "--max_batch_size", "max_batch", type=click.IntRange(min=1),
+                 default=None, help="Requests decoded together (one round = one verify pass) [default: the YAML's "
+                                    "max_batch_size, else 8]."),
+    click.option("--max-num-tokens", "--max_num_tokens", "max_num_tokens", type=click.IntRange(min=1), default=None,
+                 help="Tokens per round's target pass: decode packs, then prompt chunks [default: the YAML's "
+                      "max_num_tokens, else 512]."),
     click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Requests waiting for a batch slot before overload errors (HTTP 429)."),
     click.option("--max-tokens-limit", type=click.IntRange(min=1), default=512, show_default=True,
@@ -30,7 +35,7 @@ _LIMIT_OPTIONS = [
 TRITON_ONLY = {"repo", "grpc_port", "exit_timeout", "workdir"}  # serve flags of --api triton
 SHARED = {"api", "host", "port"}  # every other serve flag belongs to --api openai
 limit_options = option_group(_LIMIT_OPTIONS)
-LIMITS = ("max_batch", "max_queue", "max_tokens_limit", "default_max_tokens", "request_timeout_s", "shutdown_grace_s")
+LIMITS = ("max_batch", "max_num_tokens", "max_queue", "max_tokens_limit", "default_max_tokens", "request_timeout_s", "shutdown_grace_s")
 
 
 def serving_config(chat: bool = True, **options) -> ServingConfig:
@@ -41,6 +46,10 @@ def serving_config(chat: bool = True, **options) -> ServingConfig:
     """
     limits = {key: options.pop(key) for key in LIMITS}
     opts = engine_options(**options)
+    yaml_limits = opts.engine_limits or {}
+    limits["max_batch"] = limits["max_batch"] or yaml_limits.get("max_batch_size") or ServingConfig().max_batch
+    limits["max_num_tokens"] = (limits["max_num_tokens"] or yaml_limits.get("max_num_tokens")
+                                or ServingConfig().max_num_tokens)
     target = opts.target if opts.target == "embedded" else _absolute(opts.target)
     drafter = opts.drafter if opts.drafter in ("default", "none") else _absolute(opts.drafter)
     spec = opts.spec
@@ -87,9 +96,11 @@ def triton_repo(out: str, decoupled: bool, instances: int, kind: str, gpus: str,
 
 
 @click.command("serve")
-@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+@click.argument("model", required=False)
+@click.option("--api", type=click.Choice(["triton", "openai"]), default=None,
               help="triton: run a model repository in tritonserver; openai: an OpenAI-compatible HTTP server "
-                   "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics) like trtllm-serve.")
+                   "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /version) like "
+                   "trtllm-serve [default: openai when MODEL is given, else triton].")
 @click.option("--repo", type=click.Path(exists=True, file_okay=False), default=None,
               help="--api triton: the model repository (cast-trtllm triton-repo).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -101,18 +112,31 @@ def triton_repo(out: str, decoupled: bool, instances: int, kind: str, gpus: str,
 @model_options
 @spec_options
 @limit_options
-@click.option("--served-model-name", default=None,
+@trtllm_serve_options
+@click.option("--served-model-name", "--served_model_name", "served_model_name", default=None,
               help="--api openai: the model name clients send (default: the target's name, "
                    "e.g. SmolLM2-135M-Instruct).")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+@click.option("--log-level", "--log_level", "log_level",
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="--api openai: uvicorn log level.")
 @click.pass_context
-def serve(ctx: click.Context, api: str, repo: str | None, host: str, port: int, grpc_port: int, exit_timeout: int,
-          workdir: str, served_model_name: str | None, log_level: str, **settings) -> None:
+def serve(ctx: click.Context, model: str | None, api: str | None, repo: str | None, host: str, port: int,
+          grpc_port: int, exit_timeout: int, workdir: str, served_model_name: str | None, log_level: str,
+          **settings) -> None:
     """Serve CAST: a Triton model repository, or the OpenAI API from this process (Ctrl-C / SIGTERM drains).
 
-    Model, speculative and limit flags apply to --api openai (a Triton repository holds its own).
+    `cast-trtllm serve MODEL` is `trtllm-serve MODEL`: the OpenAI server of MODEL (= --target),
+    with trtllm-serve's flag spellings. Model, speculative and limit flags apply to --api
+    openai (a Triton repository holds its own).
     """
+    api = api or ("openai" if model is not None and repo is None else "triton")
+    if model is not None:
+        if ctx.get_parameter_source("target") is ParameterSource.COMMANDLINE:
+            raise click.UsageError("give the model once: as MODEL or as --target, not both")
+        if api != "openai":
+            raise click.UsageError("MODEL serves the OpenAI API; a Triton repository (--repo) holds its own model")
+        settings["target"] = model
+    report_ignored_trtllm_flags(settings)
     _reject_flags_of_the_other_api(ctx, api)
     if api == "triton":
         if repo is None:

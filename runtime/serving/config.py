@@ -30,6 +30,7 @@ class ServingConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
     # server limits
     max_batch: int = 8  # most requests decoded together (one round = one verify pass)
+    max_num_tokens: int = 512  # tokens per round's target pass (decode packs, then prompt chunks)
     max_queue: int = 64  # requests waiting for a batch slot; beyond it: overload error
     max_tokens_limit: int = 512  # largest max_tokens a request may ask for
     default_max_tokens: int = 64
@@ -37,7 +38,7 @@ class ServingConfig:
     shutdown_grace_s: float = 10.0  # in-flight requests get this long to finish on shutdown
 
     def __post_init__(self) -> None:
-        positive = ("max_batch", "max_queue", "max_tokens_limit", "default_max_tokens")
+        positive = ("max_batch", "max_num_tokens", "max_queue", "max_tokens_limit", "default_max_tokens")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
@@ -74,7 +75,7 @@ class ServingConfig:
 
         return build_engine(self.target, self.drafter, self.spec, self.device,
                             None if self.dtype == "auto" else self.dtype, self.threads or None,
-                            engine_dir=self.engine_dir or None)
+                            engine_dir=self.engine_dir or None, max_num_tokens=self.max_num_tokens)
 
 
 def _parse(key: str, text: str, kind: str) -> Any:

@@ -32,24 +32,31 @@ def spec_stats(live: Any) -> dict[str, float | int]:
 
 
 class TextStream:
-    """Text of a growing token list, sent in pieces that join to the full text (both APIs).
+    """Text of a growing token list, sent in pieces that join to the full text (every API).
 
     A piece never ends in an incomplete UTF-8 character (held back until the tokens that
-    complete it arrive, or until the last response). With `stops` (OpenAI, which omits the
-    stop string): the final text ends before the first stop string, and a piece holds back
-    the last len(longest stop) - 1 characters, which may be the start of one.
+    complete it arrive, or until the last response). With `stops` (OpenAI and TensorRT-LLM
+    omit the stop string unless `include_stop`): the final text ends before the first stop
+    string (or right after it), and a piece holds back the last len(longest stop) - 1
+    characters, which may be the start of one. decode: the tokenizer's decode options
+    (skip_special_tokens, spaces_between_special_tokens).
     """
 
-    def __init__(self, tokenizer: Any, prefix: str = "", stops: Seq[str] = ()) -> None:
-        self.tokenizer, self.prefix, self.stops = tokenizer, prefix, tuple(stops)
+    def __init__(self, tokenizer: Any, prefix: str = "", stops: Seq[str] = (), include_stop: bool = False,
+                 **decode: bool) -> None:
+        self.tokenizer, self.prefix, self.stops, self.include_stop = tokenizer, prefix, tuple(stops), include_stop
+        self.decode = {"skip_special_tokens": True, **decode}
         self.sent = 0  # chars of text already sent
+
+    def text(self, tokens: Seq[int]) -> str:
+        return self.prefix + self.tokenizer.decode(list(tokens), **self.decode)
 
     def full(self, tokens: Seq[int], final: bool = True) -> str:
         """The text a client may see: all of it once final, else the part that cannot change."""
-        text = self.prefix + self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        text = self.text(tokens)
         if final:
-            cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-            return text[: min(cuts)] if cuts else text
+            cuts = sorted((i, len(s)) for s in self.stops if (i := text.find(s)) >= 0)
+            return text if not cuts else text[: cuts[0][0] + (cuts[0][1] if self.include_stop else 0)]
         text = text.rstrip(REPLACEMENT)
         hold = max((len(s) for s in self.stops), default=1) - 1
         return text[: len(text) - hold] if hold else text

@@ -7,7 +7,8 @@ the model's end ids, `top_p` 0 is off; `end_id`, `min_tokens` and `bad_words` ru
 engine, on the target's logits), accepted only at its neutral value (e.g. `beam_width`
 1), or refused: never silently ignored. Every problem raises `ValueError` naming the
 input; the model turns it into an error response for that request only.
-`build_request` makes the engine request of both APIs (the OpenAI server's too).
+Both APIs (the OpenAI server's too) build their engine requests through the one
+`SamplingParams` (`runtime.llm.requests.engine_request`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cast_trtllm.sampling import SamplingParams
+from cast_trtllm.sampling_params import SamplingParams
 from cast_trtllm.spec_config import check_budget
 from runtime.engine import Request
+from runtime.llm.requests import engine_request, tokenize
 from runtime.serving.config import ServingConfig
 
 # Triton datatype -> numpy dtype kinds accepted for it
@@ -82,16 +84,12 @@ def _equals(neutral: float) -> Callable[[np.ndarray], bool]:
     return lambda v: v.size == 1 and float(v.reshape(-1)[0]) == neutral
 
 
-_PENALTY = "penalties change the target's sampling law and the engine applies none"
 # optional inputs the engine does not implement: accepted only at the value that asks for nothing
 NEUTRAL: dict[str, tuple[Callable[[np.ndarray], bool], str, str]] = {
     "decoder_text_input": (_all_empty, '""', "it is for encoder-decoder models; this target is decoder-only"),
     "num_return_sequences": (_equals(1), "1", "one sequence per request (send the prompt several times)"),
     "beam_width": (_equals(1), "1", "beam search is not supported (CAST verifies one sequence)"),
     "length_penalty": (_equals(1.0), "1.0", "it applies to beam search only, which is not supported"),
-    "repetition_penalty": (_equals(1.0), "1.0", _PENALTY),
-    "presence_penalty": (_equals(0.0), "0.0", _PENALTY),
-    "frequency_penalty": (_equals(0.0), "0.0", _PENALTY),
     "embedding_bias_words": (_all_empty, '""', "a logit bias changes the target's law; not implemented"),
     "embedding_bias_weights": (lambda v: v.size == 0, "[]", "a logit bias changes the target's law; not implemented"),
     "return_log_probs": (_equals(0), "false", "the engine does not keep log-probabilities"),
@@ -186,12 +184,6 @@ def _value(inputs: dict[str, np.ndarray], name: str, default: Any) -> Any:
     return _scalar(inputs, name) if name in inputs else default
 
 
-def tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of `text` (a Hugging Face tokenizer). Chat prompts and bad words pass False:
-    a template already holds BOS etc., a word has none."""
-    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
-
-
 class RequestError(ValueError):
     """A refused request, naming its field (`param`) and an OpenAI error `code`."""
 
@@ -219,24 +211,6 @@ def check_max_tokens(asked: int | None, prompt_len: int, cfg: ServingConfig, win
     return asked
 
 
-def build_request(request_id: str, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float,
-                  top_k: int, seed: int | None, stops: tuple[str, ...], method: str | None, budget: int | str | None,
-                  **processing: Any) -> Request:
-    """The ONE place a client's call (Triton or OpenAI) becomes an engine request.
-
-    top_p 0 means off (TensorRT-LLM); a seed of any size folds into 63 bits; method /
-    budget None take the engine's SpecConfig defaults. `processing`: the other `Request`
-    fields (end ids, min_tokens, bad words, stop token ids, ignore_eos, logprobs).
-    """
-    try:
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p or 1.0,
-                                  seed=None if seed is None else seed % (1 << 63))
-    except ValueError as err:
-        raise ValueError(f"bad sampling parameters: {err}") from err
-    return Request(tuple(prompt_ids), max_tokens, sampling, stops, method, budget, request_id=request_id,
-                   **processing)
-
-
 def parse_request(request_id: str, inputs: dict[str, np.ndarray], cfg: ServingConfig,
                   encode: Callable[[str], list[int]], context_window: int, vocab_size: int,
                   tokenizer: Any) -> tuple[Request, ResponseOptions]:
@@ -247,9 +221,11 @@ def parse_request(request_id: str, inputs: dict[str, np.ndarray], cfg: ServingCo
     prompt = _text(_scalar(inputs, "text_input"))
     if not prompt.strip():
         raise ValueError("input 'text_input' is empty: send a non-empty prompt")
-    bad_words = tuple(tuple(tokenize(tokenizer, w, False)) for w in _words(inputs, "bad_words"))
-    if any(not w for w in bad_words):
-        raise ValueError(f"input 'bad_words'={list(_words(inputs, 'bad_words'))} holds a word with no tokens")
+    bad_words = _words(inputs, "bad_words")
+    if any(not tokenize(tokenizer, w, False) for w in bad_words):
+        raise ValueError(f"input 'bad_words'={list(bad_words)} holds a word with no tokens")
+    penalties = {name: float(_scalar(inputs, name)) for name in ("repetition_penalty", "presence_penalty",
+                                                                  "frequency_penalty") if name in inputs}
     method, budget = _value(inputs, "method", None), _value(inputs, "budget", None)
     if budget is not None:
         budget = check_budget(_text(budget).strip().lower(), "input 'budget'")
@@ -262,10 +238,15 @@ def parse_request(request_id: str, inputs: dict[str, np.ndarray], cfg: ServingCo
     asked = _value(inputs, "max_tokens", None)
     max_tokens = check_max_tokens(None if asked is None else int(asked), len(ids), cfg, context_window)
     seed = _value(inputs, "seed", None)
-    request = build_request(request_id, ids, max_tokens, float(_value(inputs, "temperature", 0.0)),
-                            float(_value(inputs, "top_p", 1.0)), int(_value(inputs, "top_k", 0)),
-                            None if seed is None else int(seed), _words(inputs, "stop_words"),
-                            None if method is None else _text(method).strip().lower(), budget,
-                            eos_token_ids=None if end_id is None else () if end_id == -1 else (end_id,),
-                            min_tokens=int(_value(inputs, "min_tokens", 0)), bad_words=bad_words)
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=float(_value(inputs, "temperature", 0.0)),
+            top_p=float(_value(inputs, "top_p", 1.0)) or None,  # 0: off, as TensorRT-LLM's backend sends it
+            top_k=int(_value(inputs, "top_k", 0)) or None, seed=None if seed is None else int(seed),
+            stop=list(_words(inputs, "stop_words")) or None, end_id=end_id,
+            min_tokens=int(_value(inputs, "min_tokens", 0)), bad=list(bad_words) or None, **penalties)
+    except ValueError as err:
+        raise ValueError(f"bad sampling parameters: {err}") from err
+    request = engine_request(params, ids, tokenizer, request_id,
+                             None if method is None else _text(method).strip().lower(), budget)
     return request, options

@@ -39,8 +39,9 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, engine: LLMEngine, max_batch: int, max_queue: int, request_timeout_s: float) -> None:
-        self.engine = engine
+    def __init__(self, engine: LLMEngine, max_batch: int, max_queue: int, request_timeout_s: float,
+                 on_round: Callable[[list[Sequence], float], None] | None = None) -> None:
+        self.engine, self.on_round = engine, on_round  # on_round(the round's requests, its wall ms): stats
         self.max_batch, self.max_queue, self.timeout_s = max_batch, max_queue, request_timeout_s
         self._queue: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
@@ -155,6 +156,7 @@ class Scheduler:
     def _round(self) -> None:
         if not self._running:
             return
+        began = time.perf_counter()
         try:
             self.engine.step()
         except Exception as err:
@@ -162,6 +164,11 @@ class Scheduler:
             for job in list(self._running):
                 self._drop(job, f"request failed: decoding round raised {type(err).__name__}: {err}")
             return
+        if self.on_round is not None:
+            try:
+                self.on_round([j.live for j in self._running], (time.perf_counter() - began) * 1e3)
+            except Exception:
+                LOG.exception("round listener failed")
         for job in list(self._running):
             if job.live.done:
                 self._running.remove(job)

@@ -48,13 +48,17 @@ ALL_DFLASH_FIELDS = {
     "use_rejection_sampling": False, "allow_advanced_sampling": False, "advanced_sampling_mode": "full",
     "enable_penalty": False, "mask_token_id": 151669, "target_layer_ids": [1, 9, 17], "attention_backend": "VANILLA",
 }
+# TensorRT-LLM 1.4 adds these (llm-api/reference/DFlashDecodingConfig.html, 1.4.0rc1)
+DFLASH_14_FIELDS = {**ALL_DFLASH_FIELDS, "moe_backend": "CUTLASS", "spec_dec_variant": 2, "context_recompute_tail": 64,
+                    "skip_ctx_buffer_budget_check": True, "attention_backend": "FA4"}
 
 
-def test_every_trtllm_dflash_field_is_accepted_and_each_gets_one_note():
-    opts = parse_llm_api_options({"speculative_config": ALL_DFLASH_FIELDS})
+@pytest.mark.parametrize("fields", [ALL_DFLASH_FIELDS, DFLASH_14_FIELDS], ids=["1.3", "1.4"])
+def test_every_trtllm_dflash_field_is_accepted_and_each_gets_one_note(fields):
+    opts = parse_llm_api_options({"speculative_config": fields})
     assert opts.spec.method == "chain" and opts.spec.max_draft_len == 15 and opts.spec.max_concurrency == 32
     assert opts.expect_drafter == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17]}
-    for field in ALL_DFLASH_FIELDS:  # each field maps to behaviour or says why it is ignored
+    for field in fields:  # each field maps to behaviour or says why it is ignored
         assert sum(note.startswith(field) for note in opts.notes) == 1, field
     assert "max_total_draft_tokens: ignored" in "\n".join(opts.notes)
 
@@ -69,7 +73,9 @@ def test_max_total_draft_tokens_is_the_cast_budget():
 
 @pytest.mark.parametrize("field, value, expected", [
     ("use_rejection_sampling", "yes", "true or false"),
-    ("attention_backend", "FLASHINFER", "'VANILLA' or 'TRTLLM'"),
+    ("attention_backend", "FLASHINFER", "'VANILLA', 'TRTLLM' or 'FA4'"),
+    ("moe_backend", "FAST", "one of"),
+    ("spec_dec_variant", 0, "an integer > 0"),
     ("advanced_sampling_mode", "fast", "one of"),
     ("acceptance_rate_threshold", 1.5, r"a number in \[0, 1\]"),
     ("draft_len_schedule", [4, 2], "a mapping of batch size"),
@@ -152,3 +158,25 @@ def test_spec_config_caps_budgets_at_what_the_drafter_can_offer():
         spec.check_budget_fits(100000, 15)
     with pytest.raises(ValueError, match="max_draft_len 16 exceeds the drafter's block of L = 15"):
         SpecConfig(max_draft_len=16).draft_positions(15)
+
+
+def test_top_level_batch_and_token_limits_are_honoured_and_the_rest_reported():
+    opts = parse_llm_api_options({"max_batch_size": 8, "max_num_tokens": 256, "max_seq_len": 4096,
+                                  "kv_cache_config": {"free_gpu_memory_fraction": 0.9}})
+    assert opts.engine == {"max_batch_size": 8, "max_num_tokens": 256}
+    assert opts.ignored_keys == ("kv_cache_config", "max_seq_len")
+    assert any(n.startswith("max_batch_size 8 -> requests") for n in opts.notes)
+    with pytest.raises(ValueError, match="max_num_tokens: must be an integer >= 1"):
+        parse_llm_api_options({"max_num_tokens": 0})
+
+
+def test_decoding_config_objects_carry_tensorrt_llm_fields_and_validate_on_construction():
+    from cast_trtllm.decoding_config import CASTDecodingConfig, DFlashDecodingConfig
+
+    cfg = DFlashDecodingConfig(**{k: v for k, v in DFLASH_14_FIELDS.items() if k != "decoding_type"})
+    assert cfg.max_draft_len == 15 and cfg.decoding_type == "DFlash" and cfg.options.spec.method == "chain"
+    assert CASTDecodingConfig(budget="auto", rank_cap=4).options.spec.rank_cap == 4
+    with pytest.raises(ValueError, match="speculative_config.spec_dec_variant"):
+        DFlashDecodingConfig(spec_dec_variant=0)
+    with pytest.raises(ValueError, match="decoding_type"):
+        DFlashDecodingConfig(decoding_type="CAST")

@@ -1,4 +1,5 @@
-"""`cast-trtllm build` without TensorRT: ONNX files + manifest written, then a clear stop."""
+"""`cast-trtllm build` without TensorRT: ONNX files + manifest written; the CPU SKU then exits 0
+(its TensorRT step is for GPU SKUs), a GPU SKU stops with the reason."""
 
 from __future__ import annotations
 
@@ -42,12 +43,13 @@ def run(*args: str):
     return CliRunner().invoke(build, list(args), catch_exceptions=False)
 
 
-def test_build_without_tensorrt_writes_graphs_and_manifest_then_stops_with_the_reason(tmp_path, target_dir, drafter_dir):
+def test_a_cpu_build_without_tensorrt_writes_graphs_and_manifest_and_says_tensorrt_is_for_gpus(tmp_path, target_dir,
+                                                                                              drafter_dir):
     out = tmp_path / "build"
     result = run("--sku", "cpu", "--target", str(target_dir), "--num-layers", "1", "--drafter", str(drafter_dir),
                  "--out", str(out))
-    assert result.exit_code == 1
-    assert "TensorRT is not importable" in result.output and "manifest.json" in result.output
+    assert result.exit_code == 0, result.output
+    assert "the TensorRT step is for GPU SKUs" in result.output and "manifest.json" in result.output
     manifest = json.loads((out / "manifest.json").read_text())
     spec = load_sku("cpu")
     assert manifest["sku"]["name"] == "cpu" and manifest["sku"]["packed_buckets"] == list(spec.packed_buckets)
@@ -64,15 +66,26 @@ def test_build_without_tensorrt_writes_graphs_and_manifest_then_stops_with_the_r
     assert lows == [1] + [b + 1 for b in spec.packed_buckets[:-1]]  # buckets tile 1..max without gaps
     assert profiles[-1]["shapes"]["bitmask"]["max"] == [64, manifest["mask_words"]] and manifest["mask_words"] == 2
     assert manifest["plugin"]["ptx"] == [] and "no compute capability" in manifest["plugin"]["note"]
-    assert manifest["engines"] == [] and manifest["tensorrt"].startswith("no TensorRT engines built")
+    assert manifest["engines"] == [] and manifest["tensorrt"].startswith("no TensorRT engines")
     assert manifest["versions"]["torch"] and manifest["versions"]["onnx"]
+
+
+def test_a_gpu_sku_build_without_tensorrt_keeps_its_clear_error(tmp_path, target_dir):
+    result = run("--sku", "h200", "--target", str(target_dir), "--drafter", "none", "--num-layers", "1",
+                 "--flavour", "onnx", "--out", str(tmp_path / "build"))
+    assert result.exit_code == 1 and "TensorRT is not importable" in result.output
+
+
+def test_the_drafter_flag_goes_through_the_one_loader(tmp_path, target_dir):
+    result = run("--sku", "cpu", "--target", str(target_dir), "--out", str(tmp_path / "b"))  # --drafter default
+    assert result.exit_code == 1 and "no DFlash drafter is shipped" in result.output and "--drafter none" in result.output
 
 
 def test_bucket_max_shape_runs_in_onnxruntime(tmp_path, target_dir):
     ort = pytest.importorskip("onnxruntime")
     out = tmp_path / "build"
-    result = run("--sku", "cpu", "--target", str(target_dir), "--out", str(out), "--flavour", "onnx", "--onnx-only",
-                 "--json")
+    result = run("--sku", "cpu", "--target", str(target_dir), "--drafter", "none", "--out", str(out), "--flavour", "onnx",
+                 "--onnx-only", "--json")
     assert result.exit_code == 0, result.output
     manifest = json.loads(result.stdout)
     assert set(manifest["graphs"]) == {"verify_onnx"} and manifest["drafter"] is None
@@ -91,7 +104,7 @@ def test_bucket_max_shape_runs_in_onnxruntime(tmp_path, target_dir):
 
 
 def test_unknown_sku_is_a_clear_error(tmp_path, target_dir):
-    result = run("--sku", "no-such-gpu", "--target", str(target_dir), "--out", str(tmp_path))
+    result = run("--sku", "no-such-gpu", "--target", str(target_dir), "--drafter", "none", "--out", str(tmp_path))
     assert result.exit_code == 1 and "unknown SKU 'no-such-gpu'" in result.output
 
 

@@ -27,7 +27,7 @@ def built(tmp_path_factory):
     out = root / "built"
     result = CliRunner().invoke(build, ["--sku", "cpu", "--target", str(target), "--drafter", str(drafter),
                                         "--out", str(out)], catch_exceptions=False)
-    assert result.exit_code == 1 and "TensorRT is not importable" in result.output  # graphs written, then the stop
+    assert result.exit_code == 0 and "TensorRT step is for GPU SKUs" in result.output  # CPU SKU: graphs only
     return target, drafter, out
 
 

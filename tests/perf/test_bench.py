@@ -31,13 +31,39 @@ def _run(args: list[str], out) -> dict:
 
 
 def test_throughput_at_concurrency_1_and_2_equals_ar_for_every_method(dataset, tmp_path):
-    report = _run(["throughput", "--dataset", str(dataset), "--concurrency", "1,2", "--methods", "ar,chain,cast:auto"],
-                  tmp_path / "t")
+    report = _run(["throughput", "--dataset", str(dataset), "--concurrency", "1,2", "--methods", "ar,chain,cast:auto",
+                   "--report_json", str(tmp_path / "r.json")], tmp_path / "t")
     assert {"cpu_model", "cpu_count", "torch_threads"} <= set(report["machine"])
     rows = report["domains"]["tiny"]
     methods = ("ar", "chain", "cast:auto")
     assert [(r["concurrency"], r["method"]) for r in rows] == [(c, m) for c in (1, 2) for m in methods]
     assert all(r["equal_to_ar"] == r["requests"] == 2 and r["tokens"] == 16 and r["tokens_per_s"] > 0 for r in rows)
+    assert not any("_records" in r for r in rows)
+    _check_trtllm_bench_report(json.loads((tmp_path / "r.json").read_text()))
+
+
+def _check_trtllm_bench_report(r: dict) -> None:
+    """trtllm-bench's report keys, the top level being the last method at the highest concurrency."""
+    assert {"engine", "world_info", "request_info", "performance", "streaming_metrics", "decoding_stats",
+            "dataset", "runs"} <= set(r)
+    assert r["engine"]["method"] == "cast:auto" and r["world_info"]["max_batch_size"] == 2 and len(r["runs"]) == 6
+    perf = r["performance"]
+    assert {"request_throughput_req_s", "system_output_throughput_tok_s", "output_throughput_per_user_tok_s",
+            "total_latency_ms", "request_latency_percentiles_ms"} <= set(perf) and perf["request_throughput_req_s"] > 0
+    stream = r["streaming_metrics"]
+    assert {"avg_ttft_ms", "avg_tpot_ms", "ttft_percentiles", "tpot_percentiles", "token_output_speed_tok_s"} <= set(stream)
+    assert set(stream["tpot_percentiles"]) == {"minimum", "maximum", "average", "p50", "p90", "p95", "p99"}
+    decoding = r["decoding_stats"]
+    assert {"num_draft_tokens_percentiles", "num_accepted_draft_tokens_percentiles", "acceptance_length_percentiles",
+            "draft_acceptance_rate_percentiles"} <= set(decoding)
+    assert "positions, not nodes" in decoding["definition"]
+    ar = [run for run in r["runs"] if run["engine"]["method"] == "ar"]
+    assert ar and all("decoding_stats" not in run for run in ar)  # AR drafts nothing, as trtllm-bench omits it
+    chain = [run["decoding_stats"] for run in r["runs"] if run["engine"]["method"] == "chain"]
+    for d in chain:  # a chain's rate is trtllm-bench's accepted / draft tokens
+        L = d["draft_positions_L"]
+        assert d["draft_acceptance_rate_percentiles"] == d["node_acceptance_rate_percentiles"]
+        assert d["num_draft_tokens_percentiles"]["minimum"] % L == 0
 
 
 @pytest.mark.slow

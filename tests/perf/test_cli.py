@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -62,3 +64,17 @@ def test_ceiling_is_ar_over_the_verify_time_per_token_of_the_best_fixed_n():
     assert row["ceiling_draft_free"] == pytest.approx(30.0 / (25.0 * 0.65))
     assert row["measured_auto"] == pytest.approx(30.0 / 24.0)
     assert "| gsm8k | 30.0 | 3 | 2.00 | 2.00x |" in ceiling_table([row])
+
+
+def test_prepare_dataset_writes_trtllm_bench_token_norm_dist_rows(tmp_path):
+    out = tmp_path / "syn.jsonl"
+    result = CliRunner().invoke(prepare_dataset, ["token-norm-dist", "--out", str(out), "--num-requests", "5",
+                                                  "--input-mean", "12", "--input-stdev", "3", "--output-mean", "7",
+                                                  "--output-stdev", "0", "--random-seed", "1"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == list(range(5)) and all(set(r) == {"task_id", "input_ids", "output_tokens"}
+                                                               for r in rows)
+    assert all(r["output_tokens"] == 7 and all(0 <= t < 49152 for t in r["input_ids"]) for r in rows)
+    assert len({len(r["input_ids"]) for r in rows}) > 1  # lengths drawn, not fixed
+    assert read_requests(out)[0].input_ids == tuple(rows[0]["input_ids"])  # the bench reads it back

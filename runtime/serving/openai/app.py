@@ -1,7 +1,7 @@
 """Routes of the OpenAI-compatible server (the `trtllm-serve` interface).
 
 POST /v1/completions, POST /v1/chat/completions (both with `stream: true` as server-sent
-events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics.
+events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics, GET /version.
 A request is validated (400 naming the field), tokenized, submitted to the scheduler
 (429 queue full, 503 shutting down) and answered from its `Generation`; a client that
 disconnects is cancelled, which frees its batch slot before the next round.
@@ -28,7 +28,9 @@ from runtime.serving.openai.responses import LogprobStream, ResponseFormat
 from runtime.serving.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from runtime.serving.openai.service import Generation, Service, Update
 from runtime.serving.outputs import TextStream
-from runtime.serving.requests import RequestError, build_request, check_max_tokens, tokenize
+from cast_trtllm.sampling_params import SamplingParams
+from runtime.llm.requests import engine_request, tokenize
+from runtime.serving.requests import RequestError, check_max_tokens
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 MAX_CHARS_PER_TOKEN = 32  # prompts longer than this × the context window are refused before tokenizing
@@ -56,6 +58,12 @@ def create_app(service: Service) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/version")
+    async def version() -> dict:
+        from cast_trtllm import __version__
+
+        return {"version": __version__}
+
     @app.get("/v1/models")
     async def models() -> dict:
         card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "cast-trtllm"}
@@ -80,21 +88,23 @@ def create_app(service: Service) -> FastAPI:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         if not any(m["content"].strip() for m in messages):
             raise RequestError("messages hold no text: send at least one non-empty message", "messages")
-        text = render_chat(service.tokenizer, messages)
+        text = render_chat(service.tokenizer, messages, body.chat_template_kwargs)
         ids = _tokenize(service, text, add_special_tokens=False)
         return await _serve(service, body, ids, f"chatcmpl-{uuid.uuid4().hex}", request, chat=True)
 
     return app
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], template_kwargs: dict | None = None) -> str:
     """The prompt text of a conversation, ending where the assistant's turn begins.
 
-    Uses the tokenizer's chat template; a tokenizer without one (a base model's) gets a
-    plain `role: content` transcript.
+    Uses the tokenizer's chat template, with `template_kwargs` (the request's
+    chat_template_kwargs, e.g. Qwen3's enable_thinking) as its variables; a tokenizer without
+    one (a base model's) gets a plain `role: content` transcript.
     """
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        kwargs = {**(template_kwargs or {}), "tokenize": False, "add_generation_prompt": True}
+        return tokenizer.apply_chat_template(messages, **kwargs)
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
@@ -126,34 +136,44 @@ def _engine_request(service: Service, body: GenerationRequest, ids: list[int], r
     vocab, stop_ids = service.engine.target.config.vocab_size, tuple(body.stop_token_ids or ())
     if any(t >= vocab for t in stop_ids):
         raise RequestError(f"stop_token_ids holds ids outside [0, {vocab})", "stop_token_ids")
-    bad = tuple(tuple(tokenize(service.tokenizer, w, add_special_tokens=False)) for w in body.bad_words or ())
     try:
-        return build_request(request_id, ids, max_tokens, body.temperature, body.top_p, max(body.top_k, 0),
-                             body.seed, body.stop_strings(), body.cast.method, body.cast.budget,
-                             min_tokens=body.min_tokens, stop_token_ids=stop_ids, bad_words=bad,
-                             ignore_eos=body.ignore_eos, logprobs=body.top_logprobs_asked())
+        params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                top_k=max(body.top_k, 0) or None, seed=body.seed, stop=list(body.stop_strings()) or None,
+                                min_tokens=body.min_tokens, stop_token_ids=list(stop_ids) or None,
+                                bad=body.bad_words or None, ignore_eos=body.ignore_eos,
+                                logprobs=body.top_logprobs_asked(), repetition_penalty=body.repetition_penalty,
+                                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                                min_p=body.min_p)
+        return engine_request(params, ids, service.tokenizer, request_id, body.cast.method, body.cast.budget)
     except ValueError as err:
         raise RequestError(str(err)) from err
 
 
 async def _serve(service: Service, body: GenerationRequest, ids: list[int], request_id: str, request: Request,
                  chat: bool) -> Response:
-    engine_request, stops = _engine_request(service, body, ids, request_id), body.stop_strings()
+    engine_request = _engine_request(service, body, ids, request_id)
     gen = service.submit(engine_request)
     logprobs = None if body.top_logprobs_asked() is None else LogprobStream(service.tokenizer, chat)
     fmt = ResponseFormat(request_id, service.model_name, int(time.time()), chat, len(ids), logprobs)
     headers = {"X-Request-Id": request_id}
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return EventSourceResponse(_events(service, gen, stops, fmt, usage), headers=headers,
+        return EventSourceResponse(_events(service, gen, body, fmt, usage), headers=headers,
                                    shutdown_grace_period=service.cfg.shutdown_grace_s + 5.0)
     final = await _final(service, gen, request)
     if final is None:
         return Response(status_code=CLIENT_GONE)
     if final.error is not None:
         raise service.failure(final)
-    text = TextStream(service.tokenizer, stops=stops).full(final.tokens)
+    text = _text_stream(service, body).full(final.tokens)
     return JSONResponse(fmt.full(text, final), headers=headers)
+
+
+def _text_stream(service: Service, body: GenerationRequest) -> TextStream:
+    """How this request's tokens become its text (stop strings, special tokens)."""
+    return TextStream(service.tokenizer, stops=body.stop_strings(), include_stop=body.include_stop_str_in_output,
+                      skip_special_tokens=body.skip_special_tokens,
+                      spaces_between_special_tokens=body.spaces_between_special_tokens)
 
 
 async def _final(service: Service, gen: Generation, request: Request) -> Update | None:
@@ -173,10 +193,10 @@ async def _final(service: Service, gen: Generation, request: Request) -> Update 
                 return None
 
 
-async def _events(service: Service, gen: Generation, stops: tuple[str, ...], fmt: ResponseFormat,
+async def _events(service: Service, gen: Generation, body: GenerationRequest, fmt: ResponseFormat,
                   usage: bool) -> AsyncIterator[dict[str, str]]:
     """SSE events of one streamed request; cancels it if the stream is torn down early."""
-    text, final = TextStream(service.tokenizer, stops=stops), None
+    text, final = _text_stream(service, body), None
     try:
         if fmt.chat:
             yield fmt.role_chunk()

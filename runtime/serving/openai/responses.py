@@ -65,7 +65,10 @@ class ResponseFormat:
         logprobs = None
         if self.logprobs is not None and update is not None:
             logprobs = self.logprobs.take(update.tokens, update.logprobs, update.top_logprobs)
-        return {"index": 0, **piece, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": 0, **piece, "logprobs": logprobs, "finish_reason": finish_reason}
+        if finish_reason is not None and update is not None:  # trtllm-serve's, on the choice that ends it
+            choice["avg_decoded_tokens_per_iter"] = update.avg_decoded_tokens_per_iter
+        return choice
 
     def full(self, text: str, final: Update) -> dict[str, Any]:
         """The whole answer of a non-streamed request."""

@@ -6,8 +6,11 @@ error, never silently dropped. Fields that OpenAI defines but this server cannot
 without changing the output (n > 1, best_of, penalties, logit_bias, echo, suffix) are
 declared so that `unsupported()` can name them in a 400 error. `logprobs` (completions:
 an int, the top entries per token) and `logprobs` + `top_logprobs` (chat) are honoured.
-Extensions, vLLM / trtllm-serve extra body fields: `top_k`, `min_tokens`,
-`stop_token_ids`, `bad_words` (run in the engine, on the target's logits), and `cast` =
+Extensions, vLLM / trtllm-serve extra body fields: `top_k`, `min_tokens`, `min_p`,
+`repetition_penalty` (with OpenAI's `presence_penalty` / `frequency_penalty`: run in the
+engine, on the target's logits, `cast_trtllm.penalties`), `stop_token_ids`, `bad_words`,
+`include_stop_str_in_output`, `skip_special_tokens`, `spaces_between_special_tokens`,
+`chat_template_kwargs` (chat: passed to the chat template), and `cast` =
 {"method": "ar" | "chain" | "cast", "budget": N | "auto"} choosing the speculative method.
 """
 
@@ -50,8 +53,13 @@ class GenerationRequest(_Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)  # extension (trtllm-serve / vLLM)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # extension
+    include_stop_str_in_output: bool = False  # extension: the text keeps the stop string that ended it
+    skip_special_tokens: bool = True  # extension: how the output is detokenized
+    spaces_between_special_tokens: bool = True  # extension
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted, unused (it does not change the output)
     ignore_eos: bool = False  # extension (vLLM / TensorRT-LLM): run to max_tokens
@@ -74,8 +82,6 @@ class GenerationRequest(_Strict):
         """(field, message) of the first field this server cannot honour, or None."""
         checks = [
             ("n", self.n != 1, f"n={self.n} is not supported: this server returns exactly one choice (n must be 1)"),
-            ("presence_penalty", self.presence_penalty != 0, "presence_penalty is not supported (must be 0)"),
-            ("frequency_penalty", self.frequency_penalty != 0, "frequency_penalty is not supported (must be 0)"),
             ("logit_bias", bool(self.logit_bias), "logit_bias is not supported"),
             ("stop", len(self.stop_strings()) > MAX_STOP_STRINGS, f"stop holds more than {MAX_STOP_STRINGS} strings"),
             ("stop", any(not s for s in self.stop_strings()),
@@ -138,6 +144,7 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, object] | None = None  # extension: e.g. {"enable_thinking": false} (Qwen3)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -33,6 +33,12 @@ class Update:
     error: str | None = None
     logprobs: list[float] = field(default_factory=list)  # per token, when the request asked for them
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    rounds: int = 0  # engine rounds that committed its tokens (the prefill's first token not counted)
+
+    @property
+    def avg_decoded_tokens_per_iter(self) -> float:
+        """trtllm-serve's figure: tokens per iteration, the prefill (first token) one included."""
+        return len(self.tokens) / (1 + self.rounds) if self.tokens else 0.0
 
 
 class Generation:
@@ -50,7 +56,7 @@ class Generation:
     def on_tokens(self, live: Any, finish_reason: str | None = None) -> None:
         self._account(live)
         self._put(Update(list(live.tokens), finish_reason is not None, finish_reason, logprobs=list(live.logprobs),
-                         top_logprobs=list(live.top_logprobs)))
+                         top_logprobs=list(live.top_logprobs), rounds=len(live.accept_lengths)))
 
     def on_done(self, live: Any, error: str | None) -> None:
         if live is None:

@@ -128,7 +128,7 @@ def test_sixteen_concurrent_requests_all_complete_with_their_alone_output(client
     ({"model": MODEL, "prompt": "x", "n": 2}, 400, "n", "n=2 is not supported"),
     ({"model": MODEL, "prompt": "x", "logprobs": 30}, 400, "logprobs", "out of range: must be in [0, 20]"),
     ({"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of", "best_of=2"),
-    ({"model": MODEL, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
+    ({"model": MODEL, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty", "greater than 0"),
     ({"model": MODEL, "prompt": "x", "logit_bias": {"1": 5}}, 400, "logit_bias", "not supported"),
     ({"model": MODEL, "prompt": "   "}, 400, "prompt", "empty"),
     ({"model": MODEL, "prompt": []}, 400, "prompt", "empty"),

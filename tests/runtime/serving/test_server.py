@@ -160,7 +160,7 @@ def test_end_id_stop_words_and_returned_counts_are_honoured(server, alone):
 
 
 def test_unsupported_inputs_and_modes_are_refused_with_a_message_naming_them(server):
-    refused = {"beam_width": 2, "num_return_sequences": 2, "repetition_penalty": 1.3, "return_log_probs": True,
+    refused = {"beam_width": 2, "num_return_sequences": 2, "return_log_probs": True,
                "lora_task_id": 3}
     for name, value in refused.items():
         answer = generate(server, {"text_input": "hi", "max_tokens": 4, name: value})
