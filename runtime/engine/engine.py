@@ -38,6 +38,7 @@ from runtime.engine.accounting import account
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
 from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
+from runtime.device import upload
 from runtime.device_trees import TreeBatch
 from runtime.model.llama import LlamaTarget
 from runtime.result import GenerationResult, Stopwatch
@@ -193,18 +194,18 @@ class LLMEngine:
                              not batch)
         t2 = t3 = clock.now()
         if batch:
-            walk = None if type(self)._walk is LLMEngine._walk else (  # a subclass's rule walks on the host
-                lambda b, tree, rows: self._walk(batch[b], tree, rows, drafts[b]))
-            levels = 1 + (self.spec.draft_positions(self.drafter.num_draft_positions) if self.drafter else 0)
+            walk = None if type(self)._walk is LLMEngine._walk else lambda b, tree, rows: self._walk(  # host rule
+                batch[b], tree, rows, drafts[b])
+            uniforms = (1 + (self.spec.draft_positions(self.drafter.num_draft_positions) if self.drafter else 0),
+                        self.spec.rank_cap)  # what a device-sampled request draws per round: (levels, K)
             if walk is None and hasattr(self.target, "runner"):  # one upload, the captured part, one read
-                accs, trees, processed, queue, t3 = runner_round(self, batch, trees, tree_batch, sizes,
-                                                                 (levels, self.spec.rank_cap))
+                accs, trees, processed, queue, t3 = runner_round(self, batch, trees, tree_batch, sizes, uniforms)
             else:
                 roots = torch.as_tensor([s.root for s in batch], dtype=torch.int64, device=self.target.device)
                 logits, taps = self.target.verify_trees([s.target for s in batch], roots, tree_batch, sizes)
                 t3 = clock.now()
                 accs, trees, processed = walk_round(batch, trees, tree_batch, sizes, roots, logits, self.host_reads,
-                                                    walk, (levels, self.spec.rank_cap))
+                                                    walk, uniforms)
                 queue = lambda kept, taps=taps: queue_taps(batch, sizes, kept, taps)  # noqa: E731
             kept = [self._commit(seq, tree, acc, processed.get(b), draft)
                     for b, (seq, tree, acc, draft) in enumerate(zip(batch, trees, accs, drafts))]
@@ -221,8 +222,7 @@ class LLMEngine:
         return finished
 
     def _append_contexts(self, seqs: list[Sequence]) -> None:
-        """Feed the drafter the taps of what each request committed since it last drafted
-        (ONE context pass where the drafter batches them)."""
+        """Feed the drafter the taps each request committed since it last drafted (ONE context pass)."""
         taps = [torch.cat(s.pending_taps) for s in seqs]
         for s in seqs:
             s.pending_taps = []
@@ -260,7 +260,7 @@ class LLMEngine:
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:
             chosen, size, chosen_masses = device_trees(*args, read=self.host_reads)
-            trees, tree_batch = None, chosen.scatter(torch.as_tensor(where, device=ids.device), B)
+            trees, tree_batch = None, chosen.scatter(upload(where, ids.device), B)
         else:
             chosen, chosen_masses = choose_trees(*args)
             trees = [chosen[where.index(b)] if b in where else Tree.empty() for b in range(B)]

@@ -16,6 +16,7 @@ import torch
 
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree, build_chain, build_tree
+from runtime.device import upload
 from runtime.device_trees import TreeBatch, best_first, chain
 
 
@@ -116,17 +117,16 @@ def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_le
     trees = chain(ids, lp) if len(cast) < B else None
     if widest > 0:
         searched = best_first(ids, lp, widest)
-        is_cast = torch.zeros(B, dtype=torch.bool, device=ids.device)
-        is_cast[cast] = True
+        is_cast = upload([b in cast for b in range(B)], ids.device, torch.bool)
         trees = searched if trees is None else TreeBatch.where(is_cast, searched, trees)
     elif trees is None:  # every cast request asked for N = 0
         trees = chain(ids, lp)
     masses: list[np.ndarray | None] = [None] * B
     if auto:
-        pick = torch.as_tensor(auto, device=ids.device)
+        pick = upload(auto, ids.device)
         host = read(torch.cat([trees.score[pick, :widest], trees.depth[pick, :widest].double()], 1))
         _auto_sizes(auto, host[:, :widest], host[:, widest:], rule, spec, L, scales, sizes, masses)
-    return trees.head(torch.as_tensor(sizes, device=ids.device)), sizes, masses
+    return trees.head(upload(sizes, ids.device)), sizes, masses
 
 
 def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: WidthChooser, spec: SpecConfig, L: int,
