@@ -21,7 +21,7 @@ import torch
 from runtime.backends.static_pool import StaticPool, StaticSlot
 from runtime.drafter.executor import bind_to_target
 from runtime.drafter.vocab import DraftHead, DraftScores
-from runtime.engine.model_runner import BATCH_BUCKETS, bucket_of, capture
+from runtime.engine.model_runner import BATCH_BUCKETS, Bucket, bucket_of, capture
 from runtime.model.batch_draft_graph import BatchDraftGraph
 from runtime.model.draft_forward import draft_round
 from runtime.model.draft_graphs import ContextGraph
@@ -49,6 +49,9 @@ class DraftBucket:
     taps: torch.Tensor  # [B, R, F] staged taps
     outputs: tuple | None = None
     graph: Any = None
+    uploaded: Any = None  # CUDA event after the last upload (see `model_runner.Bucket.host_buffer`)
+
+    host_buffer = Bucket.host_buffer
 
 
 class DraftRunner:
@@ -121,7 +124,7 @@ class DraftRunner:
             raise ValueError(f"{len(states)} feature caches but {len(roots)} roots")
         B = len(states)
         bucket = self.bucket(B)
-        meta = bucket.host.numpy()
+        meta = bucket.host_buffer()
         meta[:] = 0  # rows past B: slot 0, nothing staged (their writes go to the trash column)
         for b, (state, root) in enumerate(zip(states, roots)):
             new = sum(t.shape[0] for t in state.staged)
@@ -134,6 +137,9 @@ class DraftRunner:
             state.length += new
             state.staged = []
         bucket.meta.copy_(bucket.host, non_blocking=True)
+        if self.device.type == "cuda":
+            bucket.uploaded = torch.cuda.Event()
+            bucket.uploaded.record()
         self.uploads += 1
         if bucket.graph is not None:
             bucket.graph.replay()

@@ -62,6 +62,13 @@ class Bucket:
     outputs: tuple | None = None
     graph: Any = None
     replays: int = field(default=0)
+    uploaded: Any = None  # CUDA event after the last upload: the host buffer is free to refill once it is done
+
+    def host_buffer(self) -> np.ndarray:
+        """The pinned metadata to fill for the next round (waits, rarely, for the last upload to leave it)."""
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
+        return self.host.numpy()
 
 
 class ModelRunner:
@@ -107,6 +114,9 @@ class ModelRunner:
         writes into the metadata, e.g. trees built on the device), then the device part: replayed
         (captured bucket) or called eagerly. Returns (logits, keys, values, taps, kept taps, read)."""
         bucket.meta.copy_(bucket.host, non_blocking=True)
+        if self.device.type == "cuda":
+            bucket.uploaded = torch.cuda.Event()
+            bucket.uploaded.record()
         if after_upload is not None:
             after_upload(bucket.meta)
         self.uploads += 1

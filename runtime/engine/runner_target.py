@@ -125,7 +125,7 @@ class RunnerTarget:
         B, width = len(seqs), 1 + max(sizes, default=0)
         bucket = self.runner.bucket(B, width)
         n = bucket.width
-        meta = bucket.host.numpy()
+        meta = bucket.host_buffer()
         idle(meta, n)
         tree_cols = meta[:, META_HEAD:].reshape(meta.shape[0], 4, n)
         for b, seq in enumerate(seqs):
