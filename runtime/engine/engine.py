@@ -35,7 +35,7 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account
+from runtime.engine.accounting import account, brief, observe_context_row
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
 from runtime.device_trees import TreeBatch
@@ -75,6 +75,7 @@ class LLMEngine:
         self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
         self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # host search: faster on a CPU
         self.prompt_context_ms = 0.0  # this round's drafter context pass over first drafts' prompts (prefill-like)
+        self.context_row_ms = 0.0  # the drafter's context pass per row, as measured over prompts (gates price it)
 
     @property
     def context_window(self) -> int:
@@ -117,7 +118,7 @@ class LLMEngine:
             self.drafter.new_state(capacity) if method != "ar" else None,
             StopChecker(self.tokenizer, req.stop_ids(self.eos_token_ids), req.stop_strings, max_new),
             req.sampling.generator("cpu"),
-            gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost) if gated else None,
+            gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost, stale_rows=n) if gated else None,
         )
         if seq.gate is not None and self.last_gate is not None:  # under load it decides from the table at once;
             seq.gate.inherit(self.last_gate)  # alone it still drafts its first rounds, its masses seeded by these
@@ -150,7 +151,7 @@ class LLMEngine:
         for s in gated:
             if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this round's batch
                 s.gate.batch = len(batch)
-                s.draft_next = s.gate.draft_next()
+                s.draft_next = brief(self, s).draft_next()
         if len(batch) > 1:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
@@ -167,7 +168,7 @@ class LLMEngine:
             if source is not None:
                 s.gate.batch = batch
                 s.gate.inherit(source)
-                s.draft_next = s.gate.draft_next()
+                s.draft_next = brief(self, s).draft_next()
             elif i > 0:
                 s.draft_next = False
 
@@ -229,6 +230,7 @@ class LLMEngine:
         if prompt_rows:  # its share of the pass is prefill, paid once: the cost model must not price it per round
             rows = sum(t.shape[0] for t in taps)
             self.prompt_context_ms = (self.clock.now() - began) * 1e3 * prompt_rows / rows
+            self.context_row_ms = observe_context_row(self.context_row_ms, self.prompt_context_ms / prompt_rows)
 
     def _draft(self, states: list, roots: list[int]) -> DraftScores:
         """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's
