@@ -38,7 +38,9 @@ same rule `LoadProbe` follows under load), and only where the try can pay back: 
 extra cost (a drafted round over an AR round, plus the one-off context pass over every row
 committed since the last draft, `once_ms`, at the engine's measured ms per row) must be at
 most `PROBE_GAIN` of the AR time left to the request (`horizon` tokens). Turning drafting on
-from AR must win back that one-off pass within the horizon too. A new request inherits the
+from AR must win back that one-off pass within the horizon too. A try that accepts at least
+`PROMISING` of its forecast restarts the request's acceptance evidence from itself (the text
+changed; old evidence would hold a head that is right again off for many tries). A new request inherits the
 engine's last drafting gate's evidence and backoff, alone as under load, so continuous
 arrivals do not pay a drafted warm-up per request; only a gate with no evidence at all (a
 cold engine) drafts its first `min_drafted` rounds. AR rounds re-price the table every
@@ -62,6 +64,9 @@ if TYPE_CHECKING:
 # widths gain over AR on a 2-core CPU (1.2-1.4x); a try that could not win back its own cost at that
 # rate is skipped (a request about to finish)
 PROBE_GAIN = 0.25
+# a try of drafting that accepts at least this share of its forecast says the text has changed (random
+# words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
+PROMISING = 0.5
 
 
 @dataclass(slots=True)
@@ -138,6 +143,9 @@ class DraftGate:
         if expected is not None and expected < 1:
             raise ValueError(f"a drafted round's expected committed length is >= 1, got {expected}")
         tokens = float(committed)
+        probe = drafted and not self._best  # a try of drafting while AR was played
+        if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
+            self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now
         if drafted and expected is not None:
             self.realized += committed - 1
             self.predicted += expected - 1
@@ -148,7 +156,6 @@ class DraftGate:
             self._blend(np.asarray(masses, dtype=np.float64))
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
-        probe = drafted and not self._best  # a try of drafting while AR was played
         self._stale += 1
         if drafted or self.costs is None or self._stale >= max(self.probe_every, batch):
             self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price every few rounds

@@ -116,6 +116,6 @@ def test_drafting_comes_back_when_the_text_turns_predictable(embedded, head, ar_
     while engine.active:
         engine.step()
     longest = engine.spec.gate_probe_every << seq.gate.max_backoff
-    back = seq.drafted[30 + longest + 2:]
+    back = seq.drafted[30 + longest + 8:]  # within the longest wait a try finds the head right again
     assert back and sum(back) >= 0.75 * len(back)
     assert seq.tokens == ar_tokens(ids, 200)
