@@ -143,7 +143,8 @@ class DraftGate:
         if expected is not None and expected < 1:
             raise ValueError(f"a drafted round's expected committed length is >= 1, got {expected}")
         tokens = float(committed)
-        probe = drafted and not self._best  # a try of drafting while AR was played
+        cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
+        probe = drafted and not self._best and not cold  # a try of drafting while AR was played
         if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
             self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now
         if drafted and expected is not None:
@@ -159,8 +160,10 @@ class DraftGate:
         self._stale += 1
         if drafted or self.costs is None or self._stale >= max(self.probe_every, batch):
             self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price every few rounds
-        if probe or (drafted and self._best):
+        if probe:
             self.backoff.record(still_ar=not self._best)
+        elif drafted and self._best:
+            self.backoff.record(still_ar=False)  # drafting is on: a later turn to AR starts the waits afresh
         self.stale_rows = 0 if drafted else self.stale_rows + committed
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 

@@ -61,8 +61,13 @@ def brief(engine, seq: Sequence):
     return gate
 
 
-def observe_context_row(current: float, reading: float, alpha: float = 0.2) -> float:
-    """EWMA of the drafter's context pass, ms per row (0: none read yet)."""
+def observe_context_row(current: float, ms: float, rows: int, alpha: float = 0.2, min_rows: int = 32) -> float:
+    """EWMA of the drafter's context pass, ms per row (0: none read yet), from passes over >= `min_rows`
+    prompt rows: a short pass is mostly its fixed cost (a 6-row prompt read 40 ms a row), which every
+    drafted round's draft reading already holds."""
+    if rows < min_rows:
+        return current
+    reading = ms / rows
     return reading if current == 0.0 else current + alpha * (reading - current)
 
 

@@ -230,7 +230,7 @@ class LLMEngine:
         if prompt_rows:  # its share of the pass is prefill, paid once: the cost model must not price it per round
             rows = sum(t.shape[0] for t in taps)
             self.prompt_context_ms = (self.clock.now() - began) * 1e3 * prompt_rows / rows
-            self.context_row_ms = observe_context_row(self.context_row_ms, self.prompt_context_ms / prompt_rows)
+            self.context_row_ms = observe_context_row(self.context_row_ms, self.prompt_context_ms, prompt_rows)
 
     def _draft(self, states: list, roots: list[int]) -> DraftScores:
         """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's
