@@ -44,7 +44,8 @@ changed; old evidence would hold a head that is right again off for many tries).
 engine's last drafting gate's evidence and backoff, alone as under load, so continuous
 arrivals do not pay a drafted warm-up per request; only a gate with no evidence at all (a
 cold engine) drafts its first `min_drafted` rounds. AR rounds re-price the table every
-max(probe_every, batch) rounds (each pricing runs the width rule: ~0.4 ms on a 2-core CPU).
+max(probe_every, batch) rounds, doubled like the waits (each pricing runs the width rule:
+~0.4 ms on a 2-core CPU, 2% of a 22 ms AR round if paid every round).
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class DraftGate:
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
-        if drafted or self.costs is None or self._stale >= max(self.probe_every, batch):
-            self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price every few rounds
+        if drafted or self.costs is None or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed:
+            self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price as rarely as they try
         if probe:
             self.backoff.record(still_ar=not self._best)
         elif drafted and self._best:
