@@ -118,6 +118,7 @@ class DraftGate:
     inherited: bool = False  # holds another request's evidence: decides from the table from its first round
     backoff: ProbeBackoff = field(init=False)
     _rates: tuple[float, float] | None = None  # (drafted, AR) tokens/ms at the last pricing by `costs`
+    _held: int = 0             # AR rounds drafting was priced to win but could not repay its one-off pass
     _since_other: int = 0      # rounds since the arm not being played last ran
     _best: bool = True         # best_is_speculate() as of the last record that priced it
     _stale: int = 0            # records since then
@@ -166,6 +167,7 @@ class DraftGate:
         elif drafted and self._best:
             self.backoff.record(still_ar=False)  # drafting is on: a later turn to AR starts the waits afresh
         self.stale_rows = 0 if drafted else self.stale_rows + committed
+        self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 
     def _blend(self, masses: np.ndarray) -> None:
@@ -234,7 +236,14 @@ class DraftGate:
         elif self.autoregressive.rounds == 0 and costs is None:  # measure the AR arm once
             return False
         if self._best:  # drafting wins: AR is re-measured every probe_every rounds
-            return self._since_other < self.probe_every and (self._since_other > 0 or self._switch_pays())
+            if self._since_other > 0:
+                return self._since_other < self.probe_every
+            if self._switch_pays():
+                return True
+            # the priced gain (on another request's masses, maybe) cannot repay the one-off pass: try as
+            # an AR-playing gate would, so this request learns its own masses
+            self._held += 1
+            return self._held > self.probe_wait() and self._probe_pays()
         return self._since_other >= self.probe_wait() and self._probe_pays()
 
     def probe_wait(self) -> int:

@@ -84,7 +84,12 @@ def main(argv=None) -> None:
     ap.add_argument("--concurrency", default="1,4,16,32", help="in-process levels")
     ap.add_argument("--repeats", type=int, default=2, help="runs per cell, method order rotated")
     ap.add_argument("--parts", default="b1,inprocess", help="b1, inprocess")
+    ap.add_argument("--page-only", action="store_true", help="re-render OUT.md from OUT.json, run nothing")
     args = ap.parse_args(argv)
+    if args.page_only:
+        out = Path(args.out)
+        out.with_suffix(".md").write_text(page(json.loads(out.with_suffix(".json").read_text())))
+        return
     from runtime.engine.build import build_engine
 
     started = time.time()
@@ -127,6 +132,12 @@ def page(report: dict) -> str:
              "Each figure is a method's fastest of its repeats in tokens/s (wall, prefill included), methods "
              "interleaved in one run with the order rotated; `x AR` is over AR in the same cell. drafted = share of "
              "rounds that drafted. = AR: greedy outputs equal to AR's (fewest over repeats) / requests.", "",
+             "Sized to finish in about 25 minutes on a 2-core machine shared with other work: few prompts (1 per "
+             "domain at B = 1), short outputs, 2 repeats. On such a machine single rounds stall for seconds when "
+             "another process runs (prefill chunks were read at 0.2 to 8 s for the same shape), so a cell's ratio "
+             "can move by tens of percent between runs; read the columns that count (auto drafted, = AR) as "
+             "measured and the speed ratios as indicative only. Where the default execution is torch bf16 (this "
+             "machine has AVX512-BF16), greedy outputs in a batch may differ from AR's by near-ties.", "",
              "| part | workload | c | AR tok/s | cast:3 x AR | cast:auto x AR | cast:3 / auto x AR (CPU s) | auto drafted "
              "| auto R | = AR (3 / auto) |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -172,3 +172,24 @@ def test_with_costs_the_gate_prices_both_arms_at_the_rounds_batch():
     assert alone.best_is_speculate() and not loaded.best_is_speculate()
     with pytest.raises(ValueError, match="batch"):
         alone.record(True, 2, 40.0, batch=0)
+
+
+def test_a_request_whose_inherited_gain_cannot_repay_its_prompt_pass_still_tries_after_the_wait():
+    """Drafting priced barely above AR on another request's masses cannot repay a 150-row context
+    pass over 20 tokens; the request does not sit on AR for good: it tries after probe_every
+    rounds (a try hopes for PROBE_GAIN), so it learns its own masses."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
+                            probe_every=10_000)
+    donor = DraftGate(costs=model)
+    donor.record(True, 2, 25.0, expected=1.3, packed=4, masses=np.array([0.2, 0.05, 0.05]))
+    gate = DraftGate(costs=model, probe_every=4, horizon=20, stale_rows=150, context_row_ms=0.5)
+    gate.inherit(donor)
+    assert gate.best_is_speculate()
+    drafted = []
+    for _ in range(8):
+        d = gate.draft_next()
+        drafted.append(d)
+        gate.record(d, 1, 20.0, expected=1.3 if d else None, packed=4 if d else None)
+    assert drafted.index(True) == 4
