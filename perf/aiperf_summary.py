@@ -15,7 +15,7 @@ def throughput(csv_path: Path) -> float | None:
     """Output token throughput (tokens/s) from one AIPerf CSV export."""
     with csv_path.open(newline="") as f:
         for row in csv.reader(f):
-            if row and row[0].strip().lower().startswith("output token throughput"):
+            if row and row[0].strip().lower() == "output token throughput (tokens/sec)":  # not its "per user" row
                 for cell in row[1:]:
                     try:
                         return float(cell.replace(",", ""))
