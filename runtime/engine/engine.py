@@ -120,8 +120,8 @@ class LLMEngine:
             req.sampling.generator("cpu"),
             gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost, stale_rows=n) if gated else None,
         )
-        if seq.gate is not None and self.last_gate is not None:  # under load it decides from the table at once;
-            seq.gate.inherit(self.last_gate)  # alone it still drafts its first rounds, its masses seeded by these
+        if seq.gate is not None and self.last_gate is not None:  # alone or under load it decides from the table
+            seq.gate.inherit(self.last_gate)  # at once, and tries drafting on the engine's backoff (issue 40)
         seq.arrival = self.clock.now()  # its prompt is prefilled in the coming rounds (`step`)
         self.active.append(seq)
         return seq
