@@ -92,8 +92,9 @@ class DraftGate:
     """Per-request two-arm choice between a drafted (speculative) round and an AR round.
 
     The first round speculates (its draft is already made), the second runs AR so both
-    arms are measured; then the better arm by tokens/ms is played, and the other one is
-    tried once whenever it has not run for `probe_every` rounds.
+    arms are measured; then the better arm by tokens/ms is played. AR is re-measured every
+    `probe_every` drafted rounds; drafting is tried on `ProbeBackoff`'s schedule, where a try
+    can pay back (module docstring).
     """
 
     alpha: float = 0.2         # EWMA weight of the newest round
