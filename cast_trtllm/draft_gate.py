@@ -55,16 +55,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cast_trtllm.probe_backoff import ProbeBackoff
+from cast_trtllm.probe_backoff import ProbeBackoff, try_pays
 
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
 
 
-# the share of the AR time left that a try of drafting hopes to win: about what this engine's best
-# widths gain over AR on a 2-core CPU (1.2-1.4x); a try that could not win back its own cost at that
-# rate is skipped (a request about to finish)
-PROBE_GAIN = 0.25
 # a try of drafting that accepts at least this share of its forecast says the text has changed (random
 # words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
 PROMISING = 0.5
@@ -270,7 +266,7 @@ class DraftGate:
         if self.horizon is None:
             return True
         drafted_ms, ar_ms = self._ms()
-        return PROBE_GAIN * self.horizon * ar_ms >= max(drafted_ms - ar_ms, 0.0) + self.once_ms
+        return try_pays(self.horizon, ar_ms, drafted_ms, self.once_ms)
 
     def _switch_pays(self) -> bool:
         """Turning drafting on from AR: the priced gain over the tokens left must cover the one-off pass."""

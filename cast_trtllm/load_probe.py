@@ -23,10 +23,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from cast_trtllm.probe_backoff import ProbeBackoff
+from cast_trtllm.probe_backoff import ProbeBackoff, try_pays
 
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
+
+
+PROBE_PACKED = 4  # tokens per request a probe round is priced at (a small tree)
 
 
 @dataclass(slots=True)
@@ -52,10 +55,13 @@ class LoadProbe:
     def interval(self) -> int:
         return self._backoff.interval()
 
-    def due(self, masses: Sequence[np.ndarray], batch: int) -> bool:
+    def due(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
+            horizon: float | None = None) -> bool:
         """Called once per AR round under load: whether this round should draft for every gated
         request (at the backoff's interval; at its longest while drafting is priced below
-        `margin` of AR at `batch`, priced once per wait)."""
+        `margin` of AR at `batch`, priced once per wait), and only where the probe can pay back
+        (`probe_backoff.try_pays`): once_ms, the drafter's context pass over every gated request's
+        rows since its last draft; horizon, the rounds the batch has left (None: unbounded)."""
         self._since += 1
         if self._since < self.interval or not masses:
             return False
@@ -64,6 +70,9 @@ class LoadProbe:
             self._wait = self._backoff.interval(self.costs.best_rate(pooled, batch) / self.costs.ar_rate(batch))
         if self._since < self._wait:
             return False
+        if horizon is not None and not try_pays(horizon, self.costs.round_ms(1, batch, drafted=False),
+                                                self.costs.round_ms(PROBE_PACKED, batch), once_ms):
+            return False  # the batch is about to finish or its context pass is dear: checked again next round
         self._since, self._wait = 0, None
         return True
 

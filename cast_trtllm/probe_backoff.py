@@ -21,6 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the share of the AR time left that a try of drafting hopes to win: about what this engine's best
+# widths gain over AR on a 2-core CPU (1.2-1.4x); a try that could not win back its own cost (a drafted
+# round over an AR round, plus the drafter's context pass over the rows since the last draft) at that
+# rate is skipped (requests about to finish). `DraftGate` and `LoadProbe` both read it.
+PROBE_GAIN = 0.25
+
+
+def try_pays(horizon: float, ar_ms: float, drafted_ms: float, once_ms: float) -> bool:
+    """Whether a try of drafting can pay back: PROBE_GAIN of `horizon` AR rounds of `ar_ms` covers the
+    drafted round's extra ms and the one-off context pass `once_ms`."""
+    return PROBE_GAIN * horizon * ar_ms >= max(drafted_ms - ar_ms, 0.0) + once_ms
+
 
 @dataclass(slots=True)
 class ProbeBackoff:

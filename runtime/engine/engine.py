@@ -156,7 +156,9 @@ class LLMEngine:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
-            self.probing = self.load_probe.due(masses, len(batch))  # every gated request tries drafting at once
+            left = [s.gate.horizon for s in gated if s.gate.horizon is not None]  # every gated request tries at once
+            self.probing = self.load_probe.due(masses, len(batch), sum(s.gate.once_ms for s in gated),
+                                               sum(left) / len(left) if left else None)
         return [s for s in batch if s.method != "ar" and (s.draft_next or (self.probing and s.gate is not None))]
 
     def _scout(self, cold: list[Sequence], batch: int) -> None:

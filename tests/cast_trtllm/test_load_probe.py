@@ -58,3 +58,11 @@ def test_drafting_priced_far_below_ar_is_probed_at_the_longest_interval_once_two
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="LoadProbe"):
         LoadProbe(_table(60.0), **kwargs)
+
+
+def test_a_probe_that_cannot_pay_back_its_context_pass_waits_while_the_batch_finishes():
+    """8 requests with 10 rounds left: 0.25 x 10 x 20 ms cannot cover a 40 ms drafted round plus a
+    500 ms context pass over their prompts; with 400 rounds left it can."""
+    for horizon, fires in ((10, False), (400, True)):
+        probe = LoadProbe(_table(60.0), every=4)
+        assert any(probe.due(MASSES, 8, once_ms=500.0, horizon=horizon) for _ in range(20)) == fires
