@@ -30,6 +30,22 @@ A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho 
 much more, and an arm played only at probes would stick on one unlucky sample. The
 forecast is scaled by the request's realized / predicted accepted tokens (with
 `prior_tokens` pseudo-counts). Output is unaffected; only which rounds draft.
+
+Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting
+on the schedule `cast_trtllm.probe_backoff.ProbeBackoff` sets (the wait doubles with each try
+that confirms AR, the longest one at once while the table prices drafting far below AR: the
+same rule `LoadProbe` follows under load), and only where the try can pay back: the try's
+extra cost (a drafted round over an AR round, plus the one-off context pass over every row
+committed since the last draft, `once_ms`, at the engine's measured ms per row) must be at
+most `PROBE_GAIN` of the AR time left to the request (`horizon` tokens). Turning drafting on
+from AR must win back that one-off pass within the horizon too. A try that accepts at least
+`PROMISING` of its forecast restarts the request's acceptance evidence from itself (the text
+changed; old evidence would hold a head that is right again off for many tries). A new request inherits the
+engine's last drafting gate's evidence and backoff, alone as under load, so continuous
+arrivals do not pay a drafted warm-up per request; only a gate with no evidence at all (a
+cold engine) drafts its first `min_drafted` rounds. AR rounds re-price the table every
+max(probe_every, batch) rounds, doubled like the waits (each pricing runs the width rule:
+~0.4 ms on a 2-core CPU, 2% of a 22 ms AR round if paid every round).
 """
 
 from __future__ import annotations
@@ -39,8 +55,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cast_trtllm.probe_backoff import ProbeBackoff, try_pays
+
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
+
+
+# a try of drafting that accepts at least this share of its forecast says the text has changed (random
+# words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
+PROMISING = 0.5
 
 
 @dataclass(slots=True)
@@ -65,8 +88,9 @@ class DraftGate:
     """Per-request two-arm choice between a drafted (speculative) round and an AR round.
 
     The first round speculates (its draft is already made), the second runs AR so both
-    arms are measured; then the better arm by tokens/ms is played, and the other one is
-    tried once whenever it has not run for `probe_every` rounds.
+    arms are measured; then the better arm by tokens/ms is played. AR is re-measured every
+    `probe_every` drafted rounds; drafting is tried on `ProbeBackoff`'s schedule, where a try
+    can pay back (module docstring).
     """
 
     alpha: float = 0.2         # EWMA weight of the newest round
@@ -83,6 +107,15 @@ class DraftGate:
     packed: int | None = None  # packed tokens of the last drafted round (priced by `costs`)
     masses: np.ndarray | None = None  # EWMA of drafted rounds' sorted prefix masses (priced by `costs`)
     batch: int = 1  # live requests in the last round: `costs` prices both arms at this batch
+    max_backoff: int = 5  # tries of drafting from AR wait probe_every << (confirming tries), up to this shift
+    horizon: int | None = None  # tokens the request may still commit (the engine's; None: unbounded)
+    stale_rows: int = 0  # rows committed since the last drafted round (the prompt's, before any): the next
+    # draft's context pass runs over them; the engine sets the prompt's at admission
+    context_row_ms: float = 0.0  # the drafter's context pass, ms per row (the engine's measurement)
+    inherited: bool = False  # holds another request's evidence: decides from the table from its first round
+    backoff: ProbeBackoff = field(init=False)
+    _rates: tuple[float, float] | None = None  # (drafted, AR) tokens/ms at the last pricing by `costs`
+    _held: int = 0             # AR rounds drafting was priced to win but could not repay its one-off pass
     _since_other: int = 0      # rounds since the arm not being played last ran
     _best: bool = True         # best_is_speculate() as of the last record that priced it
     _stale: int = 0            # records since then
@@ -94,6 +127,7 @@ class DraftGate:
             raise ValueError(f"DraftGate.probe_every must be >= 2 rounds, got {self.probe_every}")
         if self.prior_tokens <= 0:
             raise ValueError(f"DraftGate.prior_tokens must be > 0, got {self.prior_tokens}")
+        self.backoff = ProbeBackoff(self.probe_every, self.max_backoff)
 
     def record(self, drafted: bool, committed: int, round_ms: float, expected: float | None = None,
                packed: int | None = None, masses: np.ndarray | None = None, batch: int = 1) -> None:
@@ -108,6 +142,10 @@ class DraftGate:
         if expected is not None and expected < 1:
             raise ValueError(f"a drafted round's expected committed length is >= 1, got {expected}")
         tokens = float(committed)
+        cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
+        probe = drafted and not self._best and not cold  # a try of drafting while AR was played
+        if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
+            self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now
         if drafted and expected is not None:
             self.realized += committed - 1
             self.predicted += expected - 1
@@ -119,8 +157,14 @@ class DraftGate:
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
-        if drafted or self.costs is None or batch == 1 or self._stale >= self.probe_every:
-            self._best, self._stale = self.best_is_speculate(), 0  # under load, AR rounds re-price every few rounds
+        if drafted or self.costs is None or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed:
+            self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price as rarely as they try
+        if probe:
+            self.backoff.record(still_ar=not self._best)
+        elif drafted and self._best:
+            self.backoff.record(still_ar=False)  # drafting is on: a later turn to AR starts the waits afresh
+        self.stale_rows = 0 if drafted else self.stale_rows + committed
+        self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 
     def _blend(self, masses: np.ndarray) -> None:
@@ -146,7 +190,8 @@ class DraftGate:
         (speculate until AR is measured)."""
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
             pooled = np.repeat(self.typical_masses(), self.batch)  # every request of the round drafting like this one
-            return self.costs.best_rate(pooled, self.batch) >= self.costs.ar_rate(self.batch)
+            self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
+            return self._rates[0] >= self._rates[1]
         if self.costs is not None and self.packed is not None:
             return self.costs.draft_pays(self.speculate_tokens(), self.packed, self.batch)
         if self.autoregressive.rounds == 0:
@@ -161,10 +206,11 @@ class DraftGate:
         from the table at once instead of paying a drafted first round."""
         if other.masses is None:
             return
-        self.masses = other.masses.copy()
+        self.masses, self.packed, self.inherited = other.masses.copy(), other.packed, True
         if other.predicted > 0:
             shrink = min(1.0, pseudo_tokens / other.predicted)
             self.realized, self.predicted = other.realized * shrink, other.predicted * shrink
+        self.backoff.confirmed = other.backoff.confirmed  # the engine's tries so far: continuous arrivals keep them
         self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 
     def typical_masses(self) -> np.ndarray | None:
@@ -175,16 +221,59 @@ class DraftGate:
 
     def draft_next(self) -> bool:
         """Whether the next round drafts."""
-        if self.costs is not None and self.batch > 1 and self.masses is not None:  # under load: the table decides
+        costs = self.costs
+        if costs is not None and self.masses is not None and (
+                self.batch > 1 or self.inherited or self.speculate.rounds >= self.min_drafted):
             if self.speculate.rounds + self.autoregressive.rounds == 0:  # inherited masses, no record yet
                 self._best, self._stale = self.best_is_speculate(), 0
-            return self._best  # (`LoadProbe` probes for the batch)
-        if self.speculate.rounds == 0 or (self.costs is not None and self.speculate.rounds < self.min_drafted):
-            return True
-        if self.autoregressive.rounds == 0 and self.costs is None:  # measure the AR arm once
+            if self.batch > 1:
+                return self._best  # under load the table decides (`LoadProbe` probes for the batch)
+        elif self.speculate.rounds == 0 or (costs is not None and self.speculate.rounds < self.min_drafted):
+            return True  # no evidence at all: learn this request's masses
+        elif self.autoregressive.rounds == 0 and costs is None:  # measure the AR arm once
             return False
-        best = self._best
-        return (not best) if self._since_other >= self.probe_every else best
+        if self._best:  # drafting wins: AR is re-measured every probe_every rounds
+            if self._since_other > 0:
+                return self._since_other < self.probe_every
+            if self._switch_pays():
+                return True
+            # the priced gain (on another request's masses, maybe) cannot repay the one-off pass: try as
+            # an AR-playing gate would, so this request learns its own masses
+            self._held += 1
+            return self._held > self.probe_wait() and self._probe_pays()
+        return self._since_other >= self.probe_wait() and self._probe_pays()
+
+    def probe_wait(self) -> int:
+        """AR rounds between tries of drafting (`ProbeBackoff`: longer after each try that confirmed AR)."""
+        priced = None if self._rates is None else self._rates[0] / self._rates[1]
+        return self.backoff.interval(priced)
+
+    @property
+    def once_ms(self) -> float:
+        """One-off ms the next drafted round adds: the drafter's context pass over `stale_rows`."""
+        return self.stale_rows * self.context_row_ms
+
+    def _ms(self) -> tuple[float, float]:
+        """(drafted, AR) round ms for this request: the table's where given, else the arms' EWMAs."""
+        if self.costs is not None:
+            packed = self.packed or 2
+            return self.costs.round_ms(packed, self.batch), self.costs.round_ms(1, self.batch, drafted=False)
+        return self.speculate.ms, self.autoregressive.ms
+
+    def _probe_pays(self) -> bool:
+        """A try costs a drafted round over an AR round plus the one-off context pass; it is worth
+        it only if drafting, were it to win PROBE_GAIN of the AR time left, would win that back."""
+        if self.horizon is None:
+            return True
+        drafted_ms, ar_ms = self._ms()
+        return try_pays(self.horizon, ar_ms, drafted_ms, self.once_ms)
+
+    def _switch_pays(self) -> bool:
+        """Turning drafting on from AR: the priced gain over the tokens left must cover the one-off pass."""
+        if self.horizon is None or self.once_ms <= 0 or self._rates is None:
+            return True
+        drafted, ar = self._rates  # tokens/ms of the round's batch
+        return self.horizon * self.batch * (1.0 / ar - 1.0 / drafted) >= self.once_ms
 
     @property
     def rounds(self) -> tuple[int, int]:

@@ -7,12 +7,13 @@ against 65 ms all-AR), and 16 requests probing at different rounds leave hardly 
 without one. So under load the gates play the cost table's choice, and this probe,
 owned by the engine, decides when every gated request drafts together:
 
-- only while the table prices drafting within `margin` of AR for the batch (pooled
-  typical masses of the gated requests; a far-off arm cannot win, so probing it only
-  costs);
 - after `every` AR rounds, an interval that doubles with each probe that confirms AR
-  (up to `every << max_backoff`) and resets when a probe turns the batch to drafting.
-Pure numpy; the engine calls `due` before a round and `confirmed` after it.
+  (up to `every << max_backoff`) and resets when a probe turns the batch to drafting;
+- while the table prices drafting below `margin` of AR for the batch (pooled typical
+  masses of the gated requests), only at the longest interval: a far-off arm rarely
+  wins, but the text may turn predictable.
+The same schedule as a request's own gate alone (`cast_trtllm.probe_backoff`). Pure numpy;
+the engine calls `due` before a round and `confirmed` after it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from cast_trtllm.probe_backoff import ProbeBackoff, try_pays
+
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
+
+
+PROBE_PACKED = 4  # tokens per request a probe round is priced at (a small tree)
 
 
 @dataclass(slots=True)
@@ -36,29 +42,40 @@ class LoadProbe:
     # (3 rotated runs each); at 0.9 with max_backoff 5 it probed no more there (perf/results/README.md)
     margin: float = 0.9
     _since: int = field(default=0, init=False)  # rounds since the last probe
-    _confirmed: int = field(default=0, init=False)  # probes in a row that confirmed AR
+    _backoff: ProbeBackoff = field(init=False)
+    _wait: int | None = field(default=None, init=False)  # this wait's length, priced once when it is reached
 
     def __post_init__(self) -> None:
-        if self.every < 1 or self.max_backoff < 0 or not 0 < self.margin <= 1:
-            raise ValueError(f"LoadProbe needs every >= 1, max_backoff >= 0 and 0 < margin <= 1; got "
-                             f"{self.every}, {self.max_backoff}, {self.margin}")
+        try:
+            self._backoff = ProbeBackoff(self.every, self.max_backoff, self.margin)
+        except ValueError as e:
+            raise ValueError(f"LoadProbe: {e}") from None
 
     @property
     def interval(self) -> int:
-        return self.every << min(self._confirmed, self.max_backoff)
+        return self._backoff.interval()
 
-    def due(self, masses: Sequence[np.ndarray], batch: int) -> bool:
+    def due(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
+            horizon: float | None = None) -> bool:
         """Called once per AR round under load: whether this round should draft for every gated
-        request (only while that is priced within `margin` of AR at `batch`)."""
+        request (at the backoff's interval; at its longest while drafting is priced below
+        `margin` of AR at `batch`, priced once per wait), and only where the probe can pay back
+        (`probe_backoff.try_pays`): once_ms, the drafter's context pass over every gated request's
+        rows since its last draft; horizon, the rounds the batch has left (None: unbounded)."""
         self._since += 1
         if self._since < self.interval or not masses:
             return False
-        pooled = np.sort(np.concatenate([np.asarray(m, np.float64) for m in masses]))[::-1]
-        if self.costs.best_rate(pooled, batch) < self.margin * self.costs.ar_rate(batch):
+        if self._wait is None:
+            pooled = np.sort(np.concatenate([np.asarray(m, np.float64) for m in masses]))[::-1]
+            self._wait = self._backoff.interval(self.costs.best_rate(pooled, batch) / self.costs.ar_rate(batch))
+        if self._since < self._wait:
             return False
-        self._since = 0
+        if horizon is not None and not try_pays(horizon, self.costs.round_ms(1, batch, drafted=False),
+                                                self.costs.round_ms(PROBE_PACKED, batch), once_ms):
+            return False  # the batch is about to finish or its context pass is dear: checked again next round
+        self._since, self._wait = 0, None
         return True
 
     def confirmed(self, still_ar: bool) -> None:
         """After a probe round: AR still wins (back off) or the batch now drafts (reset)."""
-        self._confirmed = self._confirmed + 1 if still_ar else 0
+        self._backoff.record(still_ar)

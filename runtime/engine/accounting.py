@@ -43,11 +43,33 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
             expected = expected_committed(tree, _beta(engine, seq)) if was else None
             seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
                             packed=tree.num_packed if was else None, masses=mass, batch=len(batch))
-            seq.draft_next = seq.gate.draft_next()
+            seq.draft_next = brief(engine, seq).draft_next()
             if was and seq.gate.masses is not None:
                 engine.last_gate = seq.gate
     if engine.probing:
         engine.load_probe.confirmed(still_ar=not any(s.draft_next for s in batch if s.gate is not None))
+
+
+def brief(engine, seq: Sequence):
+    """Hand a request's draft gate what its expected-value checks read: the tokens it may still
+    commit and the drafter's context pass per row (measured; until then, a block pass per row)."""
+    gate = seq.gate
+    gate.horizon = seq.stop.max_new_tokens - len(seq.tokens)
+    row_ms = engine.context_row_ms
+    if not row_ms and engine.cost is not None and engine.drafter is not None:
+        row_ms = engine.cost.draft_ms(1) / (1 + engine.drafter.num_draft_positions)
+    gate.context_row_ms = row_ms
+    return gate
+
+
+def observe_context_row(current: float, ms: float, rows: int, alpha: float = 0.2, min_rows: int = 32) -> float:
+    """EWMA of the drafter's context pass, ms per row (0: none read yet), from passes over >= `min_rows`
+    prompt rows: a short pass is mostly its fixed cost (a 6-row prompt read 40 ms a row), which every
+    drafted round's draft reading already holds."""
+    if rows < min_rows:
+        return current
+    reading = ms / rows
+    return reading if current == 0.0 else current + alpha * (reading - current)
 
 
 def _beta(engine, seq: Sequence) -> float:

@@ -34,7 +34,8 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account
+from runtime.engine.accounting import account, brief
+from runtime.engine.drafting import draft_scores, feed_contexts
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
 from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
@@ -78,6 +79,7 @@ class LLMEngine:
         self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
         self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # CPU: host search
         self.prompt_context_ms = 0.0  # this round's drafter context pass over first drafts' prompts (prefill-like)
+        self.context_row_ms = 0.0  # the drafter's context pass per row, as measured over prompts (gates price it)
 
     @property
     def context_window(self) -> int:
@@ -120,10 +122,10 @@ class LLMEngine:
             self.drafter.new_state(capacity) if method != "ar" else None,
             StopChecker(self.tokenizer, req.stop_ids(self.eos_token_ids), req.stop_strings, max_new),
             req.sampling.generator("cpu"),
-            gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost) if gated else None,
+            gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost, stale_rows=n) if gated else None,
         )
-        if seq.gate is not None and self.last_gate is not None:  # under load it decides from the table at once;
-            seq.gate.inherit(self.last_gate)  # alone it still drafts its first rounds, its masses seeded by these
+        if seq.gate is not None and self.last_gate is not None:  # alone or under load it decides from the table
+            seq.gate.inherit(self.last_gate)  # at once, and tries drafting on the engine's backoff (issue 40)
         seq.arrival = self.clock.now()  # its prompt is prefilled in the coming rounds (`step`)
         self.active.append(seq)
         return seq
@@ -153,12 +155,14 @@ class LLMEngine:
         for s in gated:
             if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this round's batch
                 s.gate.batch = len(batch)
-                s.draft_next = s.gate.draft_next()
+                s.draft_next = brief(self, s).draft_next()
         if len(batch) > 1:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
-            self.probing = self.load_probe.due(masses, len(batch))  # every gated request tries drafting at once
+            left = [s.gate.horizon for s in gated if s.gate.horizon is not None]  # every gated request tries at once
+            self.probing = self.load_probe.due(masses, len(batch), sum(s.gate.once_ms for s in gated),
+                                               sum(left) / len(left) if left else None)
         return [s for s in batch if s.method != "ar" and (s.draft_next or (self.probing and s.gate is not None))]
 
     def _scout(self, cold: list[Sequence], batch: int) -> None:
@@ -170,7 +174,7 @@ class LLMEngine:
             if source is not None:
                 s.gate.batch = batch
                 s.gate.inherit(source)
-                s.draft_next = s.gate.draft_next()
+                s.draft_next = brief(self, s).draft_next()
             elif i > 0:
                 s.draft_next = False
 
@@ -221,29 +225,11 @@ class LLMEngine:
         self.active = [s for s in live if not s.done]
         return finished
 
-    def _append_contexts(self, seqs: list[Sequence]) -> None:
-        """Feed the drafter the taps each request committed since it last drafted (ONE context pass)."""
-        taps = [torch.cat(s.pending_taps) for s in seqs]
-        for s in seqs:
-            s.pending_taps = []
-        prompt_rows = sum(len(s.request.prompt_ids) for s in seqs if not any(s.drafted))  # a first draft's prompt
-        began = self.clock.now() if prompt_rows else 0.0
-        if hasattr(self.drafter, "append_contexts"):
-            self.drafter.append_contexts([s.draft_state for s in seqs], taps)
-        else:
-            for s, t in zip(seqs, taps):
-                self.drafter.append_context(s.draft_state, t)
-        if prompt_rows:  # its share of the pass is prefill, paid once: the cost model must not price it per round
-            rows = sum(t.shape[0] for t in taps)
-            self.prompt_context_ms = self.clock.device_ms(began, self.clock.now()) * prompt_rows / rows
+    def _append_contexts(self, seqs: list[Sequence]) -> None:  # ONE context pass (runtime.engine.drafting)
+        feed_contexts(self, seqs)
 
-    def _draft(self, states: list, roots: list[int]) -> DraftScores:
-        """ONE drafter pass. A drafter with `draft_scores` hands back its own vocabulary's
-        logits (top K taken over Vd columns); otherwise `draft`'s [B, L, V] logits."""
-        if hasattr(self.drafter, "draft_scores"):
-            return self.drafter.draft_scores(states, roots)
-        logits = self.drafter.draft(states, roots)
-        return DraftScores(logits, None, logits.shape[-1])
+    def _draft(self, states: list, roots: list[int]) -> DraftScores:  # ONE block pass
+        return draft_scores(self.drafter, states, roots)
 
     def _trees(self, batch: list[Sequence], drafting: list[Sequence], scores: DraftScores | None):
         """(host trees, or None: built on the device; TreeBatch; nodes; drafts; auto's masses) per request."""

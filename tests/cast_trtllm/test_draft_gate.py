@@ -31,10 +31,11 @@ def test_speculates_when_drafted_rounds_pay_and_still_probes_ar():
     assert sum(drafted) >= 185 and gate.rounds[1] >= 200 // 17  # AR is re-measured every 16 rounds
 
 
-def test_falls_back_to_ar_when_drafting_does_not_pay():
+def test_falls_back_to_ar_when_drafting_does_not_pay_and_retries_ever_more_rarely():
     gate = DraftGate(probe_every=16)
-    drafted = _play(gate, 200, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)
-    assert sum(drafted) <= 200 // 16 + 2 and gate.rounds[0] >= 200 // 17  # drafting is re-tried
+    drafted = _play(gate, 400, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)
+    tries = [i for i, d in enumerate(drafted) if d]
+    assert tries[0] == 0 and list(np.diff(tries)) == [16, 33, 65, 129]  # each confirming try doubles the wait
 
 
 def test_an_unlucky_probe_does_not_trap_the_gate_in_ar_when_forecasts_say_drafting_pays():
@@ -58,11 +59,21 @@ def test_forecasts_of_an_over_confident_head_are_corrected_by_what_the_request_a
     assert gate.correction < 0.35 and not gate.draft_next() and gate.rounds[0] <= 60 // 16 + 4
 
 
-def test_follows_a_change_of_domain_within_a_few_rounds():
-    gate = DraftGate(probe_every=8)
-    _play(gate, 60, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)  # chat-like: AR wins
+def test_follows_a_change_of_domain_within_its_longest_wait():
+    gate = DraftGate(probe_every=4, max_backoff=2)
+    _play(gate, 60, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)  # chat-like: AR wins; tries wait up to 16 rounds
     later = _play(gate, 60, spec_tokens=4, spec_ms=100.0, ar_ms=70.0)  # math-like: drafting wins
-    assert sum(later[20:]) >= 40 - 40 // 8 - 1  # by then it speculates but for its AR probes
+    assert sum(later[20:]) >= 40 - 40 // 4 - 1  # by then it speculates but for its AR probes
+
+
+def test_a_try_is_skipped_when_the_request_has_too_few_tokens_left_to_win_it_back():
+    """With 3 tokens left, a try costing 20 ms over a 70 ms AR round plus a 100 ms context
+    pass could win at most 0.25 x 3 x 70 ms: the gate stays AR. With 100 left it tries."""
+    for horizon, tries in ((3, False), (100, True)):
+        gate = DraftGate(probe_every=4, horizon=horizon, stale_rows=100, context_row_ms=1.0)
+        _play(gate, 30, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)
+        gate.stale_rows = 100
+        assert any(_play(gate, 40, spec_tokens=1, spec_ms=90.0, ar_ms=70.0)) == tries
 
 
 @pytest.mark.parametrize("kwargs, message", [({"alpha": 0.0}, "alpha"), ({"probe_every": 1}, "probe_every")])
@@ -161,3 +172,24 @@ def test_with_costs_the_gate_prices_both_arms_at_the_rounds_batch():
     assert alone.best_is_speculate() and not loaded.best_is_speculate()
     with pytest.raises(ValueError, match="batch"):
         alone.record(True, 2, 40.0, batch=0)
+
+
+def test_a_request_whose_inherited_gain_cannot_repay_its_prompt_pass_still_tries_after_the_wait():
+    """Drafting priced barely above AR on another request's masses cannot repay a 150-row context
+    pass over 20 tokens; the request does not sit on AR for good: it tries after probe_every
+    rounds (a try hopes for PROBE_GAIN), so it learns its own masses."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
+                            probe_every=10_000)
+    donor = DraftGate(costs=model)
+    donor.record(True, 2, 25.0, expected=1.3, packed=4, masses=np.array([0.2, 0.05, 0.05]))
+    gate = DraftGate(costs=model, probe_every=4, horizon=20, stale_rows=150, context_row_ms=0.5)
+    gate.inherit(donor)
+    assert gate.best_is_speculate()
+    drafted = []
+    for _ in range(8):
+        d = gate.draft_next()
+        drafted.append(d)
+        gate.record(d, 1, 20.0, expected=1.3 if d else None, packed=4 if d else None)
+    assert drafted.index(True) == 4

@@ -41,13 +41,28 @@ def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
     assert probe.interval == 4
 
 
-def test_drafting_priced_far_below_ar_is_never_probed():
-    probe = LoadProbe(_table(120.0), every=2)  # 8 * 3.3 / 130 = 0.2 tok/ms vs 0.4
-    assert not any(probe.due(MASSES, 8) for _ in range(50))
-    assert not probe.due([], 8)  # no request has masses yet
+def test_drafting_priced_far_below_ar_is_probed_at_the_longest_interval_once_two_probes_confirmed_ar():
+    """Far off, a try rarely wins, but the text may turn predictable: it is still looked at."""
+    probe = LoadProbe(_table(120.0), every=2, max_backoff=4)  # 8 * 3.3 / 130 = 0.2 tok/ms vs 0.4
+    rounds = []
+    for i in range(100):
+        if probe.due(MASSES, 8):
+            rounds.append(i)
+            probe.confirmed(still_ar=True)
+    assert list(np.diff([-1] + rounds)) == [2, 4, 32, 32]
+    probe = LoadProbe(_table(60.0))
+    assert not any(probe.due([], 8) for _ in range(50))  # no request has masses yet
 
 
 @pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5}])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="LoadProbe"):
         LoadProbe(_table(60.0), **kwargs)
+
+
+def test_a_probe_that_cannot_pay_back_its_context_pass_waits_while_the_batch_finishes():
+    """8 requests with 10 rounds left: 0.25 x 10 x 20 ms cannot cover a 40 ms drafted round plus a
+    500 ms context pass over their prompts; with 400 rounds left it can."""
+    for horizon, fires in ((10, False), (400, True)):
+        probe = LoadProbe(_table(60.0), every=4)
+        assert any(probe.due(MASSES, 8, once_ms=500.0, horizon=horizon) for _ in range(20)) == fires

@@ -224,8 +224,8 @@ def test_draft_gate_mixes_ar_and_drafted_rounds_and_stays_lossless(tiny, auto):
         assert out.token_ids == _ar(tiny, prompt, 40)
         assert len(out.drafted) == out.num_rounds and 0 < sum(out.drafted) < out.num_rounds
         assert all(n == 0 for n, d in zip(out.budgets, out.drafted) if not d)  # undrafted = AR round
-        committed = len(prompt) + len(out.token_ids) - 1  # all but the last token were run
-        assert seq.draft_state.length in range(committed - 8, committed + 1)
+        last = max(r for r, d in enumerate(out.drafted) if d)  # the gate's tries back off: the last draft may be early
+        assert seq.draft_state.length == len(prompt) + sum(out.accept_lengths[:last])  # every row committed before it
 
 
 def test_draft_gate_catches_the_drafter_up_so_a_scripted_drafter_stays_on_script(tiny):

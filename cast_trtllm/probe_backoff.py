@@ -1,0 +1,62 @@
+"""`ProbeBackoff`: how long a gate playing AR waits before it tries drafting again.
+
+One rule for a request alone (`cast_trtllm.draft_gate.DraftGate`) and for a batch under
+load (`cast_trtllm.load_probe.LoadProbe`):
+
+- the first try comes after `every` AR rounds; each try that confirms AR doubles the wait,
+  up to `every << max_backoff` rounds; a try that turns drafting on resets it;
+- once `settled` tries in a row have confirmed AR while the cost table prices drafting
+  below `margin` x AR's tokens/ms, the wait is the longest one at once: a far-off arm can
+  hardly win, but text does change (random words turning to code), so it is still looked
+  at, rarely. (Not before: the first drafted blocks after a prompt are the least certain,
+  and one early reading must not park a head that pays.)
+
+A try of drafting is a drafted round that commits ~1 token where AR would: on a 2-core CPU
+with the embedded model it costs about one more AR round, plus the drafter's context pass
+over every row committed since the last draft (a new request's whole prompt). At the longest
+wait (128 rounds by default) that is < 1% of the AR rounds it sits between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# the share of the AR time left that a try of drafting hopes to win: about what this engine's best
+# widths gain over AR on a 2-core CPU (1.2-1.4x); a try that could not win back its own cost (a drafted
+# round over an AR round, plus the drafter's context pass over the rows since the last draft) at that
+# rate is skipped (requests about to finish). `DraftGate` and `LoadProbe` both read it.
+PROBE_GAIN = 0.25
+
+
+def try_pays(horizon: float, ar_ms: float, drafted_ms: float, once_ms: float) -> bool:
+    """Whether a try of drafting can pay back: PROBE_GAIN of `horizon` AR rounds of `ar_ms` covers the
+    drafted round's extra ms and the one-off context pass `once_ms`."""
+    return PROBE_GAIN * horizon * ar_ms >= max(drafted_ms - ar_ms, 0.0) + once_ms
+
+
+@dataclass(slots=True)
+class ProbeBackoff:
+    every: int = 4  # AR rounds before the first try
+    max_backoff: int = 5  # the wait grows to every << max_backoff
+    margin: float = 0.9  # priced below margin x AR (and settled): wait the longest at once
+    settled: int = 2  # tries in a row confirming AR before a far-off price waits the longest
+    confirmed: int = 0  # tries in a row that confirmed AR
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.max_backoff < 0 or not 0 < self.margin <= 1:
+            raise ValueError(f"a probe backoff needs every >= 1, max_backoff >= 0 and 0 < margin <= 1; got "
+                             f"{self.every}, {self.max_backoff}, {self.margin}")
+
+    @property
+    def longest(self) -> int:
+        return self.every << self.max_backoff
+
+    def interval(self, priced: float | None = None) -> int:
+        """AR rounds to wait; priced: drafting's tokens/ms over AR's (None: not priced)."""
+        if priced is not None and priced < self.margin and self.confirmed >= self.settled:
+            return self.longest
+        return self.every << min(self.confirmed, self.max_backoff)
+
+    def record(self, still_ar: bool) -> None:
+        """After a try: AR still wins (wait longer) or drafting is on (reset)."""
+        self.confirmed = self.confirmed + 1 if still_ar else 0

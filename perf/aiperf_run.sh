@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# AIPerf 0.13.0 (NVIDIA's trtllm-serve benchmark client) against `cast-trtllm serve --api openai`:
+# AR, cast:3 and cast:auto as per-request `cast` options on ONE server, chat + streaming, synthetic
+# prompts, ignore_eos; the method order rotates per repeat at each concurrency. Issue 40.
+#
+#   perf/aiperf_run.sh OUT_DIR            (LEVELS="1 8 16" REQUESTS=16 ISL=100 OSL=32 REPEATS=2)
+#
+# AIPerf lives in its own virtual environment ($AIPERF_VENV, made here on first use): it is a
+# benchmark client, never a dependency of the runtime. It needs a tokenizer folder (the embedded
+# one, saved with save_pretrained), must run with HF_HUB_OFFLINE unset (0.13 takes a local path
+# for a hub id and fails otherwise), and writes CSV lines ending in CR LF (perf/aiperf_summary.py).
+# The server listens on 127.0.0.1 only.
+set -euo pipefail
+OUT=${1:?usage: perf/aiperf_run.sh OUT_DIR}
+LEVELS=${LEVELS:-"1 8 16"}; REQUESTS=${REQUESTS:-16}; ISL=${ISL:-100}; OSL=${OSL:-32}; REPEATS=${REPEATS:-2}
+VENV=${AIPERF_VENV:-$HOME/.cache/cast-trtllm/aiperf-venv}
+PY=${PYTHON:-python}
+if [ ! -x "$VENV/bin/aiperf" ]; then
+  python3 -m venv "$VENV" && "$VENV/bin/pip" install -q aiperf==0.13.0
+fi
+mkdir -p "$OUT"
+[ -f "$OUT/tokenizer/tokenizer_config.json" ] || "$PY" -c "
+from runtime.loader import load_hf_checkpoint
+load_hf_checkpoint('embedded').tokenizer.save_pretrained('$OUT/tokenizer')"
+PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+TQDM_DISABLE=1 "$PY" -c "from cast_trtllm.cli import main; main()" serve --api openai --host 127.0.0.1 \
+  --port "$PORT" --max-batch 16 --max-queue 64 --log-level warning > "$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/v1/models" > "$OUT/models.json" && break; sleep 1; done
+MODEL=$("$PY" -c "import json; print(json.load(open('$OUT/models.json'))['data'][0]['id'])")
+declare -A BODY=([ar]='{"cast": {"method": "ar"}, "ignore_eos": true}'
+                 [cast3]='{"cast": {"method": "cast", "budget": 3}, "ignore_eos": true}'
+                 [auto]='{"ignore_eos": true}')
+ORDER=(ar cast3 auto)
+for c in $LEVELS; do
+  for r in $(seq 0 $((REPEATS - 1))); do
+    for i in 0 1 2; do
+      m=${ORDER[$(( (i + r) % 3 ))]}
+      echo "c=$c repeat $r $m" >&2
+      env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE "$VENV/bin/aiperf" profile --model "$MODEL" \
+        --url "http://127.0.0.1:$PORT" --endpoint-type chat --streaming --concurrency "$c" \
+        --request-count "$REQUESTS" --prompt-input-tokens-mean "$ISL" --prompt-input-tokens-stddev 0 \
+        --output-tokens-mean "$OSL" --output-tokens-stddev 0 --extra-inputs "${BODY[$m]}" \
+        --tokenizer "$OUT/tokenizer" --random-seed 0 --ui-type none \
+        --artifact-dir "$OUT/c$c-$m-r$r" > "$OUT/c$c-$m-r$r.log" 2>&1
+    done
+  done
+done
+curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics.txt" || true
+"$PY" -m perf.aiperf_summary "$OUT"

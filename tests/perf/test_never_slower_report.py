@@ -1,0 +1,22 @@
+"""The issue-40 report's pieces that run without a model: AIPerf's CSV (CR LF line ends, a
+per-user row listed before the aggregate one) and the page of a report."""
+
+from perf.aiperf_summary import throughput
+from perf.never_slower import page
+
+
+def test_aiperf_csv_with_cr_lf_gives_the_aggregate_output_token_throughput(tmp_path):
+    csv = tmp_path / "profile_export_aiperf.csv"
+    csv.write_bytes(b"Metric,avg,min\r\nOutput Token Throughput Per User (tokens/sec/user),18.14,11.04\r\n"
+                    b"Output Token Throughput (tokens/sec),14.18\r\nRequest Count,16.00\r\n")
+    assert throughput(csv) == 14.18
+
+
+def test_the_page_has_one_row_per_cell_with_ratios_over_ar():
+    row = {"tokens_per_s": 10.0, "vs_ar": 1.0, "cpu_vs_ar": 1.0, "drafted_share": 0.0, "mean_R": 1.0,
+           "equal_to_ar": 2, "requests": 2}
+    report = {"command": "python -m perf.never_slower --out x", "machine": {"cpu_model": "cpu"}, "engine": {},
+              "wall_minutes": 1.0, "cells": [{"part": "B = 1", "workload": "gsm8k", "concurrency": 1, "rows": {
+                  "ar": row, "cast:3": row | {"vs_ar": 1.25, "cpu_vs_ar": 1.2}, "cast:auto": row | {"vs_ar": 0.99}}}]}
+    text = page(report)
+    assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
