@@ -36,7 +36,8 @@ class StaticSlot:
     def __init__(self, pool: "StaticPool", index: int, capacity: int) -> None:
         self.pool, self.index, self.capacity = pool, index, capacity
         self.length = 0  # P
-        self.pending: tuple[int, int] | None = None  # (bucket key, row b) of the last pass, until commit
+        self.pending: tuple | None = None  # a target slot: (bucket, row b, committed on the device) of the last pass
+        self.staged: list = []  # a drafter slot: taps appended but not yet through its context pass
         self._free = weakref.finalize(self, pool._free_index, index)
 
     def check_room(self, num_new: int) -> None:

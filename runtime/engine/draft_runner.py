@@ -82,9 +82,7 @@ class DraftRunner:
         return self.config.mass_exponent
 
     def new_state(self, capacity: int) -> StaticSlot:
-        state = self.pool.acquire(capacity)
-        state.staged = []
-        return state
+        return self.pool.acquire(capacity)
 
     def release(self, state: StaticSlot) -> None:
         state.release()

@@ -20,6 +20,7 @@ import torch
 
 from cast_trtllm.tree import Tree
 from cast_trtllm.verify import Acceptance
+from runtime.device import upload
 from runtime.device_trees import TreeBatch
 from runtime.engine.walks import on_device, walk_round
 
@@ -53,17 +54,13 @@ def runner_round(engine, batch: Sequence, trees: list[Tree] | None, tree_batch: 
     others = [b for b, g in enumerate(greedy) if not g]
     processed = {}
     if others:  # their rows, flattened as every backend's pass returns them
-        rows = target.pending_rows(bucket, sizes)
-        flat = logits.flatten(0, 1).index_select(0, rows)
-        offsets = np.cumsum([0] + [1 + s for s in sizes])
-        sub_rows = torch.from_numpy(np.concatenate([np.arange(offsets[b], offsets[b + 1]) for b in others]))
+        flat = logits.flatten(0, 1).index_select(0, target.pending_rows(bucket, sizes, others))
         sub = [batch[b] for b in others]
         sub_trees = [trees[b] for b in others]
         roots = torch.as_tensor([s.root for s in sub], dtype=torch.int64, device=logits.device)
         sub_accs, _, sub_processed = walk_round(sub, sub_trees, TreeBatch.from_host(sub_trees, logits.device),
-                                                [sizes[b] for b in others], roots,
-                                                flat.index_select(0, sub_rows.to(logits.device)), engine.host_reads,
-                                                None, uniforms)
+                                                [sizes[b] for b in others], roots, flat, engine.host_reads, None,
+                                                uniforms)
         for j, b in enumerate(others):
             accs[b] = sub_accs[j]
             if j in sub_processed:
@@ -80,6 +77,6 @@ def runner_round(engine, batch: Sequence, trees: list[Tree] | None, tree_batch: 
             if greedy[b]:  # the committed path's taps, gathered on the device: rows 0..keep
                 seq.pending_taps.append(kept_taps[b, :len(kept[b])].clone())
             else:
-                index = torch.from_numpy(b * bucket.width + np.asarray(kept[b], np.int64)).to(taps.device)
+                index = upload(b * bucket.width + np.asarray(kept[b], np.int64), taps.device)
                 seq.pending_taps.append(taps.index_select(0, index))
     return accs, trees, processed, queue, t3  # type: ignore[return-value]

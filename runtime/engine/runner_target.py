@@ -1,8 +1,8 @@
 """`RunnerTarget`: the target backend for GPUs, a `TargetBackend` over a preallocated pool and
 the model runner (`runtime.engine.model_runner`), captured per bucket on CUDA.
 
-The engine drives it through `round` (ONE metadata upload, the captured verify + greedy
-walk + in-place commit, ONE read: `runtime.engine.runner_round`); the rest of the backend
+The engine drives it through `runtime.engine.runner_round` (ONE metadata upload, the captured
+verify + greedy walk + in-place commit, ONE read); the rest of the backend
 contract (`verify`, `verify_trees`, `commit_many`, `prefill`) runs the same device
 function, so the latency probe, the GPU check and requests that walk on the host
 (sampled, logprobs, logit processing) use it too. A prompt's prefill runs eagerly in its
@@ -17,7 +17,9 @@ import numpy as np
 import torch
 
 from cast_trtllm.tree import Tree
+from runtime.backends.pooled_target import PooledTarget
 from runtime.backends.static_pool import StaticPool, StaticSlot
+from runtime.device import upload
 from runtime.device_trees import TreeBatch
 from runtime.engine.model_runner import ModelRunner, idle
 from runtime.model.llama import LlamaTarget
@@ -77,12 +79,7 @@ class RunnerTarget:
         seq.length += n
         return logits[-1:], taps
 
-    def verify(self, seqs: Sequence[StaticSlot], packs: Sequence[np.ndarray], trees: Sequence[Tree]):
-        sizes = [t.num_packed for t in trees]
-        if [len(p) for p in packs] != sizes or len(seqs) != len(sizes):
-            raise ValueError(f"{len(seqs)} sequences, pack lengths {[len(p) for p in packs]}, tree sizes {sizes}")
-        roots = torch.as_tensor([int(p[0]) for p in packs], dtype=torch.int64, device=self.device)
-        return self.verify_trees(seqs, roots, TreeBatch.from_host(list(trees), self.device), [n - 1 for n in sizes])
+    verify = PooledTarget.verify  # the same checks, roots and TreeBatch, then `verify_trees` below
 
     @torch.inference_mode()
     def verify_trees(self, seqs, roots: torch.Tensor, trees: TreeBatch, sizes: Sequence[int]):
@@ -113,7 +110,7 @@ class RunnerTarget:
             seq.length += len(kept)
             seq.pending = None
         if rows:
-            flat, slot, column = (torch.from_numpy(np.concatenate(a)).to(self.device) for a in (rows, slots, columns))
+            flat, slot, column = (upload(np.concatenate(a), self.device) for a in (rows, slots, columns))
             self.pool.scatter(slot, column, keys.index_select(0, flat), values.index_select(0, flat))
 
     # ------------------------------------------------------------------ the runner's round
@@ -165,7 +162,8 @@ class RunnerTarget:
             cols[:, 3, 1:1 + w] *= (trees.score[:, :w] > -torch.inf).to(torch.int64)  # packed and present
         return write
 
-    def pending_rows(self, bucket, sizes: Sequence[int]) -> torch.Tensor:
-        """Flat rows (b * width + row) of every request's pack, in `flat_rows` order (one upload)."""
-        rows = np.concatenate([b * bucket.width + np.arange(1 + s) for b, s in enumerate(sizes)])
-        return torch.from_numpy(rows).to(self.device)
+    def pending_rows(self, bucket, sizes: Sequence[int], requests: Sequence[int] | None = None) -> torch.Tensor:
+        """Flat rows (b * width + row) of the packs of `requests` (default: all), in `flat_rows` order."""
+        which = range(len(sizes)) if requests is None else requests
+        rows = np.concatenate([b * bucket.width + np.arange(1 + sizes[b]) for b in which])
+        return upload(rows, self.device)

@@ -147,6 +147,24 @@ def test_greedy_through_the_runner_equals_ar_and_a_mixed_batch_equals_each_alone
     assert alone[0].token_ids == ar[1].token_ids[:n]
 
 
+def test_sampled_requests_beside_greedy_ones_draw_the_same_tokens_as_on_the_torch_backend(target, reference):
+    """A sampled request rides the runner's pass uncommitted and walks after it (Theorem 3's walk, its
+    seeded uniforms): seeded, it draws exactly what it draws on the eager torch backend, so the runner
+    keeps the sampled law the law tests check there; the greedy request beside it still equals AR."""
+    from cast_trtllm.sampling import SamplingParams
+    from runtime.engine.backend import TorchTarget
+
+    ids, ar, conts = reference
+    requests = [Request(ids[0], 20, method="cast", budget=15, ignore_eos=True,
+                        sampling=SamplingParams(temperature=1.0, seed=7)),
+                Request(ids[1], 20, method="cast", budget=15, ignore_eos=True)]
+    outs = []
+    for backend in (TorchTarget(target, (1,)), RunnerTarget(target, (1,), max_slots=4, max_context=192, max_depth=8)):
+        drafter = loop.OracleDrafter(conts[:2], CFG.vocab_size, L, 0.25, torch.device("cpu"))
+        outs.append([r.token_ids for r in loop.engine_for(backend, drafter, "cast", 15, L).generate(requests)])
+    assert outs[0] == outs[1] and outs[1][1] == ar[1].token_ids[:20]
+
+
 def test_pool_is_allocated_once_over_100_rounds_and_a_full_pool_refuses(target, reference):
     ids, ar, conts = reference
     engine, runner = runner_engine(target, conts * 40, "chain", None, slots=3, context=96)
