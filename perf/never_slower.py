@@ -53,7 +53,7 @@ def cell(engine, prompts, max_new: int, c: int, repeats: int, reference=None) ->
     for r in range(repeats):
         for m in [*METHODS[r % 3:], *METHODS[:r % 3]]:
             cpu = time.process_time()
-            wall, _, seqs, _ = serve_method(engine, m, prompts, max_new, c)
+            wall, _, seqs, *_ = serve_method(engine, m, prompts, max_new, c)
             cpu = time.process_time() - cpu
             if m.label == "ar" and reference is None:
                 reference = [s.tokens for s in seqs]

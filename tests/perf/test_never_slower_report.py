@@ -1,5 +1,5 @@
 """The issue-40 report's pieces that run without a model: AIPerf's CSV (CR LF line ends, a
-per-user row listed before the aggregate one) and the page of a report."""
+per-user row listed before the aggregate one), the page of a report, and one cell on a tiny random model."""
 
 from perf.aiperf_summary import throughput
 from perf.never_slower import page
@@ -20,3 +20,23 @@ def test_the_page_has_one_row_per_cell_with_ratios_over_ar():
                   "ar": row, "cast:3": row | {"vs_ar": 1.25, "cpu_vs_ar": 1.2}, "cast:auto": row | {"vs_ar": 0.99}}}]}
     text = page(report)
     assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
+
+
+def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
+    from cast_trtllm.cost_model import OnlineCostModel
+    from perf.never_slower import METHODS, cell
+
+    from .conftest import tiny_session
+
+    engine = tiny_session().built.engine  # cast:auto needs a width rule: a cost table of this shape's kind
+    drafter = engine.drafter
+    cost = OnlineCostModel(prior={1: 2.0, 16: 3.0, 32: 5.0}, prior_draft_ms=0.5, mass_exponent=drafter.mass_exponent,
+                           draft_rows=1 + drafter.num_draft_positions)
+    engine.width, engine.cost = (lambda prefix: cost), cost
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    rows, reference = cell(engine, prompts, 6, 2, repeats=2)
+    assert set(rows) == {m.label for m in METHODS} and len(reference) == 2
+    for row in rows.values():
+        assert len(row["runs_tokens_per_s"]) == 2 and row["tokens_per_s"] > 0 and row["cpu_s"] > 0
+        assert row["equal_to_ar"] == row["requests"] == 2  # fp32: every method's greedy output is AR's
+    assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["drafted_share"] == 0.0
