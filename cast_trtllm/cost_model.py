@@ -200,24 +200,29 @@ class OnlineCostModel:
         request beats an AR round (1 token at ell(1)), both priced by this table."""
         return expected_committed / self.round_ms(packed, batch) >= 1.0 / self.round_ms(1, batch, drafted=False)
 
-    def best_rate(self, masses_desc: np.ndarray, batch: int = 1) -> float:
-        """Tokens/ms of the table rule's best tree for these masses (drafted round), no exploration."""
-        return self.choose(masses_desc, batch, explore=False).predicted_tokens_per_ms
+    def best_rate(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> float:
+        """Tokens/ms of the table rule's best tree for these masses (drafted round), no exploration;
+        drafting: the requests of the round that draft (None: all `batch`), whose draft pass it pays."""
+        return self.choose(masses_desc, batch, explore=False, drafting=drafting).predicted_tokens_per_ms
 
     def ar_rate(self, batch: int = 1) -> float:
         """Tokens/ms of an undrafted (AR) round."""
         return batch / self.round_ms(1, batch, drafted=False)
 
     # -- the width rule ----------------------------------------------------------------------
-    def choose(self, masses_desc: np.ndarray, batch: int = 1, explore: bool = True) -> WidthChoice:
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, explore: bool = True,
+               drafting: int | None = None) -> WidthChoice:
         """Budget for this drafted round (WidthPolicy.choose's contract), from the learned table.
 
         masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
         requests), calibrated here as rho ** mass_exponent. Every `probe_every`-th call
-        (with `explore`) may play a neighbour bucket instead.
+        (with `explore`) may play a neighbour bucket instead. drafting: how many of the B
+        requests draft (the draft pass is priced at that many; None: all B).
         """
         rho = check_masses(masses_desc) ** self.mass_exponent
-        ms, fixed, hi = self.verify_ms(batch), self.draft_ms(batch), batch * self.max_budget
+        if drafting is not None and not 1 <= drafting <= batch:
+            raise ValueError(f"{drafting} drafting requests in a round of {batch}")
+        ms, fixed, hi = self.verify_ms(batch), self.draft_ms(drafting or batch), batch * self.max_budget
         budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch)
         if explore:
             self.chooses += 1

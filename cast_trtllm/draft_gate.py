@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cast_trtllm.probe_backoff import ProbeBackoff, try_pays
+from cast_trtllm.probe_backoff import ProbeBackoff, try_cost_rounds, try_pays
 
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
@@ -226,8 +226,8 @@ class DraftGate:
                 self.batch > 1 or self.inherited or self.speculate.rounds >= self.min_drafted):
             if self.speculate.rounds + self.autoregressive.rounds == 0:  # inherited masses, no record yet
                 self._best, self._stale = self.best_is_speculate(), 0
-            if self.batch > 1:
-                return self._best  # under load the table decides (`LoadProbe` probes for the batch)
+            if self.batch > 1:  # under load the table decides (`LoadProbe` probes for the batch)
+                return self._best and self._switch_pays()
         elif self.speculate.rounds == 0 or (costs is not None and self.speculate.rounds < self.min_drafted):
             return True  # no evidence at all: learn this request's masses
         elif self.autoregressive.rounds == 0 and costs is None:  # measure the AR arm once
@@ -246,7 +246,8 @@ class DraftGate:
     def probe_wait(self) -> int:
         """AR rounds between tries of drafting (`ProbeBackoff`: longer after each try that confirmed AR)."""
         priced = None if self._rates is None else self._rates[0] / self._rates[1]
-        return self.backoff.interval(priced)
+        drafted_ms, ar_ms = self._ms()
+        return self.backoff.interval(priced, try_cost_rounds(ar_ms, drafted_ms, self.once_ms))
 
     @property
     def once_ms(self) -> float:
@@ -269,11 +270,13 @@ class DraftGate:
         return try_pays(self.horizon, ar_ms, drafted_ms, self.once_ms)
 
     def _switch_pays(self) -> bool:
-        """Turning drafting on from AR: the priced gain over the tokens left must cover the one-off pass."""
+        """Turning drafting on from AR: the priced gain over the tokens left must cover the one-off pass.
+        Under load every request of the batch pays its own pass and saves the ms per batch token
+        over its `horizon` rounds of B tokens, so per request: horizon x (1/ar - 1/drafted)."""
         if self.horizon is None or self.once_ms <= 0 or self._rates is None:
             return True
         drafted, ar = self._rates  # tokens/ms of the round's batch
-        return self.horizon * self.batch * (1.0 / ar - 1.0 / drafted) >= self.once_ms
+        return self.horizon * (1.0 / ar - 1.0 / drafted) >= self.once_ms
 
     @property
     def rounds(self) -> tuple[int, int]:

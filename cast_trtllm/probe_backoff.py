@@ -10,6 +10,12 @@ load (`cast_trtllm.load_probe.LoadProbe`):
   hardly win, but text does change (random words turning to code), so it is still looked
   at, rarely. (Not before: the first drafted blocks after a prompt are the least certain,
   and one early reading must not park a head that pays.)
+- whatever the schedule, tries cost at most `PROBE_SHARE` of the AR time between them: a
+  try that costs `cost_rounds` AR rounds more than the AR round it replaces waits at least
+  cost_rounds / PROBE_SHARE rounds. Alone on a 2-core CPU a try costs ~0.5 AR round (the
+  first try comes after 10 rounds, not 4); 16 requests trying at once cost 3-5 AR rounds
+  (a draft pass for 16 and a context pass over ~1,100 rows: 135-260 ms against 48 ms), and
+  two such tries in the first 25 rounds made cast:auto 0.73x AR there (issue 40).
 
 A try of drafting is a drafted round that commits ~1 token where AR would: on a 2-core CPU
 with the embedded model it costs about one more AR round, plus the drafter's context pass
@@ -19,6 +25,7 @@ wait (128 rounds by default) that is < 1% of the AR rounds it sits between.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # the share of the AR time left that a try of drafting hopes to win: about what this engine's best
@@ -26,6 +33,13 @@ from dataclasses import dataclass
 # round over an AR round, plus the drafter's context pass over the rows since the last draft) at that
 # rate is skipped (requests about to finish). `DraftGate` and `LoadProbe` both read it.
 PROBE_GAIN = 0.25
+# tries of drafting from AR cost at most this share of the AR time between them (the wait's floor)
+PROBE_SHARE = 0.05
+
+
+def try_cost_rounds(ar_ms: float, drafted_ms: float, once_ms: float) -> float:
+    """A try's cost over the AR round it replaces, in AR rounds."""
+    return (max(drafted_ms - ar_ms, 0.0) + once_ms) / ar_ms if ar_ms > 0 else 0.0
 
 
 def try_pays(horizon: float, ar_ms: float, drafted_ms: float, once_ms: float) -> bool:
@@ -51,11 +65,13 @@ class ProbeBackoff:
     def longest(self) -> int:
         return self.every << self.max_backoff
 
-    def interval(self, priced: float | None = None) -> int:
-        """AR rounds to wait; priced: drafting's tokens/ms over AR's (None: not priced)."""
+    def interval(self, priced: float | None = None, cost_rounds: float = 0.0) -> int:
+        """AR rounds to wait; priced: drafting's tokens/ms over AR's (None: not priced); cost_rounds:
+        what the try costs over the AR round it replaces, in AR rounds (the wait's floor)."""
+        floor = math.ceil(cost_rounds / PROBE_SHARE) if cost_rounds > 0 else 0
         if priced is not None and priced < self.margin and self.confirmed >= self.settled:
-            return self.longest
-        return self.every << min(self.confirmed, self.max_backoff)
+            return max(self.longest, floor)
+        return max(self.every << min(self.confirmed, self.max_backoff), floor)
 
     def record(self, still_ar: bool) -> None:
         """After a try: AR still wins (wait longer) or drafting is on (reset)."""

@@ -158,6 +158,12 @@ class LLMEngine:
                 s.draft_next = brief(self, s).draft_next()
         if len(batch) > 1:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
+        if self.load_probe is not None and len(batch) > 1 and not any(s.method != "ar" and s.gate is None
+                                                                       for s in batch):  # none drafts anyway
+            wants = [s for s in gated if s.draft_next and s.gate.masses is not None]  # as the round runs them
+            if not self.load_probe.subset_pays([s.gate.typical_masses() for s in wants], len(batch)):
+                for s in wants:
+                    s.draft_next = False
         if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
             left = [s.gate.horizon for s in gated if s.gate.horizon is not None]  # every gated request tries at once

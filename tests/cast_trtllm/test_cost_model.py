@@ -224,6 +224,7 @@ def test_cache_key_names_machine_and_configuration_and_the_dir_follows_the_env(m
     (lambda: OnlineCostModel(max_budget=500), "widest bucket"),
     (lambda: OnlineCostModel().observe_verify(2, 10.0, batch=4), ">= 1 token per request"),
     (lambda: OnlineCostModel().observe_verify(8, float("nan")), "expected ms > 0"),
+    (lambda: OnlineCostModel(prior={1: 10.0}).choose(np.array([0.5]), batch=4, drafting=5), "5 drafting"),
     (lambda: cost_cache_key("", "sdpa", "float32", 2, "t", "head-1"), "letter or digit"),
 ])
 def test_bad_input_raises_a_clear_error(call, message):

@@ -174,22 +174,55 @@ def test_with_costs_the_gate_prices_both_arms_at_the_rounds_batch():
         alone.record(True, 2, 40.0, batch=0)
 
 
-def test_a_request_whose_inherited_gain_cannot_repay_its_prompt_pass_still_tries_after_the_wait():
+def test_an_inherited_gain_that_cannot_repay_the_prompt_pass_waits_until_a_try_is_cheap_enough():
     """Drafting priced barely above AR on another request's masses cannot repay a 150-row context
-    pass over 20 tokens; the request does not sit on AR for good: it tries after probe_every
-    rounds (a try hopes for PROBE_GAIN), so it learns its own masses."""
+    pass (75 ms) over 20 tokens, and a try would cost 4 AR rounds (the pass and a 5 ms dearer
+    round): it waits 4 / PROBE_SHARE = 80 rounds, longer than the request lives, so it stays on
+    AR. With a cheap pass (1.5 ms) the same priced gain repays it and the request drafts at once."""
     from cast_trtllm.cost_model import OnlineCostModel
+    from cast_trtllm.probe_backoff import PROBE_SHARE
 
     model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
                             probe_every=10_000)
     donor = DraftGate(costs=model)
     donor.record(True, 2, 25.0, expected=1.3, packed=4, masses=np.array([0.2, 0.05, 0.05]))
-    gate = DraftGate(costs=model, probe_every=4, horizon=20, stale_rows=150, context_row_ms=0.5)
-    gate.inherit(donor)
-    assert gate.best_is_speculate()
-    drafted = []
-    for _ in range(8):
-        d = gate.draft_next()
-        drafted.append(d)
-        gate.record(d, 1, 20.0, expected=1.3 if d else None, packed=4 if d else None)
-    assert drafted.index(True) == 4
+    for row_ms, first_try in ((0.5, None), (0.01, 0)):
+        gate = DraftGate(costs=model, probe_every=4, horizon=20, stale_rows=150, context_row_ms=row_ms)
+        gate.inherit(donor)
+        assert gate.best_is_speculate()
+        if first_try is None:
+            assert gate.probe_wait() == round((5.0 + 75.0) / 20.0 / PROBE_SHARE) == 80
+        drafted = []
+        for _ in range(8):
+            d = gate.draft_next()
+            drafted.append(d)
+            gate.record(d, 1, 20.0, expected=1.3 if d else None, packed=4 if d else None)
+            gate.horizon -= 1
+        assert (drafted.index(True) if True in drafted else None) == first_try
+
+
+def test_a_try_costs_at_most_probe_share_of_the_ar_rounds_it_waits():
+    """The backoff's wait has a floor: a try costing 2 AR rounds more than the AR round it
+    replaces waits 2 / PROBE_SHARE rounds, also at the longest wait; a cheap one keeps the backoff."""
+    from cast_trtllm.probe_backoff import PROBE_SHARE, ProbeBackoff
+
+    backoff = ProbeBackoff(every=4, max_backoff=3)
+    assert backoff.interval(cost_rounds=0.1) == 4 and backoff.interval(cost_rounds=2.0) == round(2 / PROBE_SHARE)
+    backoff.confirmed = 2  # settled, and priced far below AR: the longest wait, unless the floor is longer
+    assert backoff.interval(0.5, cost_rounds=0.1) == 32 and backoff.interval(0.5, cost_rounds=3.0) == 60
+
+
+def test_under_load_an_inherited_gain_that_cannot_repay_the_prompt_pass_does_not_draft():
+    """In a batch of 8 the table decides from the first round, but a request's first draft also
+    pays the drafter's context pass over its prompt: its share of the batch's saving (here 32 ms
+    over its 20 tokens, not 8 x 32: the other 7 pay their own passes) must cover it."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 8: 20.5, 32: 22.0, 128: 30.0, 512: 60.0},
+                            prior_draft_ms=4.0, probe_every=10_000)  # a flat (memory-bound) machine
+    donor = DraftGate(costs=model)
+    donor.record(True, 3, 25.0, expected=2.5, packed=4, masses=np.array([0.9, 0.8, 0.6]))
+    for row_ms, drafts in ((0.01, True), (0.5, False)):  # a 1 ms or a 50 ms pass over 100 prompt rows
+        gate = DraftGate(costs=model, horizon=20, stale_rows=100, context_row_ms=row_ms, batch=8)
+        gate.inherit(donor)
+        assert gate.best_is_speculate() and gate.draft_next() == drafts

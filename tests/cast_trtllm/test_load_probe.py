@@ -6,14 +6,16 @@ import pytest
 
 from cast_trtllm.cost_model import OnlineCostModel
 from cast_trtllm.load_probe import LoadProbe
+from cast_trtllm.probe_backoff import PROBE_SHARE
 
 MASSES = [np.array([0.9, 0.8, 0.6])] * 8
+TINY = [np.array([0.01, 0.01, 0.01])] * 8  # masses that hardly add a token
 
 
-def _table(tree_ms: float) -> OnlineCostModel:
-    """Batch 8: AR rounds 20 ms, drafted rounds `tree_ms` + 10 ms of drafting."""
+def _table(tree_ms: float, draft_ms: float = 10.0) -> OnlineCostModel:
+    """Batch 8: AR rounds 20 ms, drafted rounds `tree_ms` + `draft_ms` of drafting."""
     model = OnlineCostModel(buckets=(1, 2, 4, 8), probe_every=10_000)
-    model.observe_draft(10.0, batch=8)
+    model.observe_draft(draft_ms, batch=8)
     for _ in range(3):
         model.observe_verify(8, 20.0, batch=8)
         for bucket in (2, 4, 8):
@@ -21,37 +23,54 @@ def _table(tree_ms: float) -> OnlineCostModel:
     return model
 
 
-def test_a_close_call_is_probed_after_every_rounds_then_ever_more_rarely_while_ar_is_confirmed():
-    probe = LoadProbe(_table(60.0), every=4, max_backoff=2)  # 8 * 3.3 / 70 = 0.38 tok/ms vs AR 0.4
-    rounds = []
-    for i in range(60):
-        if probe.due(MASSES, 8):
-            rounds.append(i)
+def _probed(probe: LoadProbe, rounds: int, masses=MASSES, **due) -> list[int]:
+    """The rounds a probe fires in, every one confirming AR."""
+    fired = []
+    for i in range(rounds):
+        if probe.due(masses, 8, **due):
+            fired.append(i)
             probe.confirmed(still_ar=True)
-    assert list(np.diff([-1] + rounds)) == [4, 8, 16, 16, 16]
+    return fired
+
+
+def test_a_cheap_close_call_is_probed_after_every_rounds_then_ever_more_rarely_while_ar_is_confirmed():
+    """A probe 1% dearer than an AR round (its floor: 1 round) on masses that hardly add a token."""
+    probe = LoadProbe(_table(20.1, draft_ms=0.1), every=4, max_backoff=2)
+    assert list(np.diff([-1] + _probed(probe, 60, TINY))) == [4, 8, 16, 16, 16]
+
+
+def test_a_dear_probe_costs_at_most_probe_share_of_the_ar_rounds_between_probes():
+    """A probe costing 2.5 AR rounds more than one (60 + 10 ms against 20 ms) waits 2.5 / 0.05 = 50
+    rounds, whatever the backoff says, and the backoff's longer waits still follow."""
+    assert PROBE_SHARE == 0.05
+    probe = LoadProbe(_table(60.0), every=4, max_backoff=4)  # 8 * 3.3 / 70 = 0.38 tok/ms vs AR 0.4: close
+    assert list(np.diff([-1] + _probed(probe, 300))) == [50, 50, 50, 50, 64]
 
 
 def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
-    probe = LoadProbe(_table(60.0), every=4, max_backoff=2)
-    for _ in range(12):  # two confirming probes: the interval is 16
-        if probe.due(MASSES, 8):
-            probe.confirmed(still_ar=True)
+    probe = LoadProbe(_table(20.1, draft_ms=0.1), every=4, max_backoff=2)
+    assert len(_probed(probe, 12, TINY)) == 2  # two confirming probes: the interval is 16
     assert probe.interval == 16
     probe.confirmed(still_ar=False)
     assert probe.interval == 4
 
 
 def test_drafting_priced_far_below_ar_is_probed_at_the_longest_interval_once_two_probes_confirmed_ar():
-    """Far off, a try rarely wins, but the text may turn predictable: it is still looked at."""
-    probe = LoadProbe(_table(120.0), every=2, max_backoff=4)  # 8 * 3.3 / 130 = 0.2 tok/ms vs 0.4
-    rounds = []
-    for i in range(100):
-        if probe.due(MASSES, 8):
-            rounds.append(i)
-            probe.confirmed(still_ar=True)
-    assert list(np.diff([-1] + rounds)) == [2, 4, 32, 32]
+    """Far off, a try rarely wins, but the text may turn predictable: it is still looked at. The
+    probe costs 0.45 AR rounds (24 + 5 ms against 20 ms), so the first two wait 9 rounds, not 2 and 4."""
+    probe = LoadProbe(_table(24.0, draft_ms=5.0), every=2, max_backoff=4)  # at best 8 / 25 = 0.32 tok/ms vs 0.4
+    assert list(np.diff([-1] + _probed(probe, 100, TINY))) == [9, 9, 32, 32]
     probe = LoadProbe(_table(60.0))
     assert not any(probe.due([], 8) for _ in range(50))  # no request has masses yet
+
+
+def test_only_a_few_requests_drafting_in_a_big_batch_must_pay_for_their_draft_pass():
+    """Each gate prices drafting as if the whole batch drafted like it; one request drafting in 8
+    gains its own tokens for the whole draft pass (10 ms on a 20 ms AR round): that loses."""
+    probe = LoadProbe(_table(24.0, draft_ms=10.0))
+    assert probe.subset_pays(MASSES, 8)  # all eight: 8 + 8 x 2.3 tokens in 34 ms against 8 in 20 ms
+    assert not probe.subset_pays(MASSES[:1], 8)  # one: 8 + 2.3 tokens in ~34 ms
+    assert probe.subset_pays([], 8)  # nobody asked: nothing to refuse
 
 
 @pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5}])
@@ -61,8 +80,10 @@ def test_bad_settings_are_refused(kwargs):
 
 
 def test_a_probe_that_cannot_pay_back_its_context_pass_waits_while_the_batch_finishes():
-    """8 requests with 10 rounds left: 0.25 x 10 x 20 ms cannot cover a 40 ms drafted round plus a
-    500 ms context pass over their prompts; with 400 rounds left it can."""
-    for horizon, fires in ((10, False), (400, True)):
+    """8 requests with 10 rounds left: 0.25 x 10 x 20 ms cannot cover a 50 ms dearer round plus a
+    500 ms context pass over their prompts; with 400 rounds left it can, once the 550 ms (27.5 AR
+    rounds) are at most PROBE_SHARE of the rounds waited: at round 550."""
+    for horizon, first in ((10, None), (400, 549)):
         probe = LoadProbe(_table(60.0), every=4)
-        assert any(probe.due(MASSES, 8, once_ms=500.0, horizon=horizon) for _ in range(20)) == fires
+        fired = _probed(probe, 600, once_ms=500.0, horizon=horizon)
+        assert (fired[0] if fired else None) == first

@@ -115,12 +115,14 @@ def test_the_shipped_head_keeps_drafting_on_code(embedded, head, ar_tokens):
 def test_drafting_comes_back_when_the_text_turns_predictable(embedded, head, ar_tokens):
     """A code request whose drafter is wrong for its first 30 rounds (labels permuted: to the
     drafter the text is random) settles on AR; once the drafter is right again (the text
-    turned predictable to it) a try finds that within the longest wait, and it drafts on."""
+    turned predictable to it) a try finds that within the longest wait after the two tries that
+    settle the gate (each waits at most 16 rounds here: the backoff, or the probe-cost floor of a
+    try's ~0.5 AR rounds plus its context pass), and it drafts on."""
     ids = _ids(embedded, CODE)
     engine = _engine(embedded, head)
     true = permuted(head)
     try:
-        seq = engine.add_request(Request(ids, 200, ignore_eos=True))
+        seq = engine.add_request(Request(ids, 240, ignore_eos=True))
         for _ in range(30):
             engine.step()
     finally:
@@ -129,6 +131,8 @@ def test_drafting_comes_back_when_the_text_turns_predictable(embedded, head, ar_
     while engine.active:
         engine.step()
     longest = engine.spec.gate_probe_every << seq.gate.max_backoff
-    back = seq.drafted[30 + longest + 8:]  # within the longest wait a try finds the head right again
-    assert back and sum(back) >= 0.75 * len(back)
-    assert seq.tokens == ar_tokens(ids, 200)
+    found = [i for i in range(30, seq.num_rounds) if seq.drafted[i] and seq.accept_lengths[i] > 1]
+    assert found and found[0] <= 30 + 2 * 16 + longest  # a try finds the head right again
+    back = seq.drafted[found[0]:found[0] + 16]
+    assert len(back) == 16 and sum(back) >= 0.75 * len(back)  # and drafting stays on
+    assert seq.tokens == ar_tokens(ids, 240)
