@@ -237,11 +237,16 @@ class OnlineCostModel:
             if not 0 <= k < len(self.buckets):
                 continue
             fill = batch * (self.buckets[k] - 1)  # the widest budget the neighbour holds
-            readings = self.verify.get(batch, {}).get(self.buckets[k], [])
-            stale = self.rounds - self.last_read.get((batch, self.buckets[k]), 0) > self.refresh_rounds
-            if fill <= hi and (len(readings) < self.min_readings or stale):
+            if fill <= hi and self.needs_reading(self.buckets[k], batch):
                 return fill, self.buckets[k]
         return budget, bucket
+
+    def needs_reading(self, bucket: int, batch: int = 1) -> bool:
+        """Whether the (batch, bucket) cell has fewer than `min_readings` readings or none for
+        `refresh_rounds` rounds (the draft gate plays an AR round to read ell(1) only then)."""
+        readings = self.verify.get(batch, {}).get(bucket, [])
+        return (len(readings) < self.min_readings
+                or self.rounds - self.last_read.get((batch, bucket), 0) > self.refresh_rounds)
 
     def _slot(self, width: int) -> int:
         return int(np.searchsorted(self.buckets, width))

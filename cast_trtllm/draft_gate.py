@@ -232,8 +232,10 @@ class DraftGate:
             return True  # no evidence at all: learn this request's masses
         elif self.autoregressive.rounds == 0 and costs is None:  # measure the AR arm once
             return False
-        if self._best:  # drafting wins: AR is re-measured every probe_every rounds
-            if self._since_other > 0:
+        if self._best:  # drafting wins: AR is re-measured every probe_every rounds (with the table: when
+            if self._since_other > 0:  # its ell(1) cell needs a reading; an AR round in a run that pays costs ~R-1 tokens)
+                if costs is not None and self.masses is not None:
+                    return not costs.needs_reading(1, self.batch)
                 return self._since_other < self.probe_every
             if self._switch_pays():
                 return True

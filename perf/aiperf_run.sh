@@ -19,6 +19,9 @@ if [ ! -x "$VENV/bin/aiperf" ]; then
   python3 -m venv "$VENV" && "$VENV/bin/pip" install -q aiperf==0.13.0
 fi
 mkdir -p "$OUT"
+echo "LEVELS=\"$LEVELS\" REQUESTS=$REQUESTS ISL=$ISL OSL=$OSL REPEATS=$REPEATS perf/aiperf_run.sh OUT (code \
+$(git rev-parse --short HEAD 2>/dev/null || echo unknown), load average at start $(cut -d' ' -f1-3 /proc/loadavg))" \
+  > "$OUT/command.txt"
 [ -f "$OUT/tokenizer/tokenizer_config.json" ] || "$PY" -c "
 from runtime.loader import load_hf_checkpoint
 load_hf_checkpoint('embedded').tokenizer.save_pretrained('$OUT/tokenizer')"

@@ -85,10 +85,16 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2, help="runs per cell, method order rotated")
     ap.add_argument("--parts", default="b1,inprocess", help="b1, inprocess")
     ap.add_argument("--page-only", action="store_true", help="re-render OUT.md from OUT.json, run nothing")
+    ap.add_argument("--aiperf", metavar="DIR", help="add the through-the-server part: a `perf/aiperf_run.sh DIR` "
+                                                   "run (its summary.json and command.txt) to OUT.json and OUT.md")
     args = ap.parse_args(argv)
+    out = Path(args.out)
     if args.page_only:
-        out = Path(args.out)
-        out.with_suffix(".md").write_text(page(json.loads(out.with_suffix(".json").read_text())))
+        report = json.loads(out.with_suffix(".json").read_text())
+        if args.aiperf:
+            report["aiperf"] = aiperf_part(Path(args.aiperf))
+            out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=float))
+        out.with_suffix(".md").write_text(page(report))
         return
     from runtime.engine.build import build_engine
 
@@ -118,10 +124,20 @@ def main(argv=None) -> None:
                 print(f"c={c} {mode}: " + ", ".join(f"{k} {v['vs_ar']:.2f}x cpu {v['cpu_vs_ar']:.2f}x"
                                                     for k, v in rows.items()), flush=True)
     report["wall_minutes"] = (time.time() - started) / 60
-    out = Path(args.out)
+    if args.aiperf:
+        report["aiperf"] = aiperf_part(Path(args.aiperf))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=float))
     out.with_suffix(".md").write_text(page(report))
+
+
+def aiperf_part(run: Path) -> dict:
+    """The server part from one `perf/aiperf_run.sh` run folder: its command and summary rows."""
+    summary, command = run / "summary.json", run / "command.txt"
+    if not summary.is_file():
+        raise SystemExit(f"{summary} not found: run `perf/aiperf_run.sh {run}` first (it writes summary.json)")
+    return {"command": command.read_text().strip() if command.is_file() else f"perf/aiperf_run.sh {run}",
+            "rows": json.loads(summary.read_text())}
 
 
 def page(report: dict) -> str:
@@ -148,6 +164,14 @@ def page(report: dict) -> str:
                      f"{c3['vs_ar']:.2f} | {au['vs_ar']:.2f} | {c3['cpu_vs_ar']:.2f} / {au['cpu_vs_ar']:.2f} | "
                      f"{au['drafted_share']:.0%} | {au['mean_R']:.2f} | "
                      f"{c3['equal_to_ar']} / {au['equal_to_ar']} of {ar['requests']} |")
+    if "aiperf" in report:
+        part = report["aiperf"]
+        lines += ["", "## Through `serve --api openai` with AIPerf", "", f"`{part['command']}`", "",
+                  "AIPerf's output token throughput (streaming chat, synthetic prompts, ignore_eos), each method's "
+                  "best repeat, methods as per-request `cast` options on one server in rotated order.", "",
+                  "| c | method | output tok/s | x AR | repeats |", "|---|---|---|---|---|"]
+        lines += [f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['vs_ar']:.2f} | "
+                  f"{', '.join(f'{v:.1f}' for v in r['runs'])} |" for r in part["rows"]]
     return "\n".join(lines) + "\n"
 
 

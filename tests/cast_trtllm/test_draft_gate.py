@@ -226,3 +226,22 @@ def test_under_load_an_inherited_gain_that_cannot_repay_the_prompt_pass_does_not
         gate = DraftGate(costs=model, horizon=20, stale_rows=100, context_row_ms=row_ms, batch=8)
         gate.inherit(donor)
         assert gate.best_is_speculate() and gate.draft_next() == drafts
+
+
+def test_with_costs_a_drafting_gate_plays_ar_only_to_read_the_tables_ar_cell():
+    """Priced by the table, AR needs no re-measuring every probe_every rounds (at R = 2.5 each such
+    round costs 1.5 tokens): the gate plays AR until ell(1) has min_readings readings, then drafts on."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
+                            probe_every=10_000)
+    gate, played = DraftGate(costs=model), []
+    for _ in range(40):
+        d = gate.draft_next()
+        played.append(d)
+        model.observe_verify(4 if d else 1, 25.0 if d else 20.0)
+        gate.record(d, 3 if d else 1, 29.0 if d else 20.0, expected=2.5 if d else None, packed=4 if d else None,
+                    masses=np.array([0.9, 0.8, 0.6]) if d else None)
+    assert played.count(False) == model.min_readings == 3 and not model.needs_reading(1)
+    model.rounds += model.refresh_rounds + 1  # unread for refresh_rounds: read again
+    assert model.needs_reading(1) and not gate.draft_next()

@@ -40,3 +40,22 @@ def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
         assert len(row["runs_tokens_per_s"]) == 2 and row["tokens_per_s"] > 0 and row["cpu_s"] > 0
         assert row["equal_to_ar"] == row["requests"] == 2  # fp32: every method's greedy output is AR's
     assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["drafted_share"] == 0.0
+
+
+def test_the_server_part_joins_the_page_from_an_aiperf_run_folder(tmp_path):
+    import json
+
+    import pytest
+
+    from perf.never_slower import aiperf_part
+
+    with pytest.raises(SystemExit, match="aiperf_run.sh"):
+        aiperf_part(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps([
+        {"concurrency": 8, "method": "ar", "tokens_per_s": 50.0, "runs": [50.0, 48.0], "vs_ar": 1.0},
+        {"concurrency": 8, "method": "auto", "tokens_per_s": 51.0, "runs": [51.0, 47.5], "vs_ar": 1.02}]))
+    (tmp_path / "command.txt").write_text("LEVELS=\"8\" perf/aiperf_run.sh OUT\n")
+    report = {"command": "x", "machine": {}, "engine": {}, "wall_minutes": 1.0, "cells": [],
+              "aiperf": aiperf_part(tmp_path)}
+    text = page(report)
+    assert '`LEVELS="8" perf/aiperf_run.sh OUT`' in text and "| 8 | auto | 51.0 | 1.02 | 51.0, 47.5 |" in text
