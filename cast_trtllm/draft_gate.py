@@ -43,7 +43,10 @@ from AR must win back that one-off pass within the horizon too. A try that accep
 changed; old evidence would hold a head that is right again off for many tries). A new request inherits the
 engine's last drafting gate's evidence and backoff, alone as under load, so continuous
 arrivals do not pay a drafted warm-up per request; only a gate with no evidence at all (a
-cold engine) drafts its first `min_drafted` rounds. AR rounds re-price the table every
+cold engine) drafts its first `min_drafted` rounds. Alone, a new request whose inherited
+evidence says AR tries once in its first round (its text is new), where that try costs at
+most PROBE_SHARE of the AR rounds it has left; a try found random words turned predictable
+10 rounds sooner than the inherited backoff's wait (24-token requests, 2-core CPU). AR rounds re-price the table every
 max(probe_every, batch) rounds, doubled like the waits (each pricing runs the width rule:
 ~0.4 ms on a 2-core CPU, 2% of a 22 ms AR round if paid every round).
 """
@@ -55,7 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cast_trtllm.probe_backoff import ProbeBackoff, try_cost_rounds, try_pays
+from cast_trtllm.probe_backoff import PROBE_SHARE, ProbeBackoff, try_cost_rounds, try_pays
 
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
@@ -235,7 +238,7 @@ class DraftGate:
         if self._best:  # drafting wins: AR is re-measured every probe_every rounds (with the table: when
             if self._since_other > 0:  # its ell(1) cell needs a reading; an AR round in a run that pays costs ~R-1 tokens)
                 if costs is not None and self.masses is not None:
-                    return not costs.needs_reading(1, self.batch)
+                    return self._since_other < self.probe_every or not costs.needs_reading(1, self.batch)
                 return self._since_other < self.probe_every
             if self._switch_pays():
                 return True
@@ -243,7 +246,17 @@ class DraftGate:
             # an AR-playing gate would, so this request learns its own masses
             self._held += 1
             return self._held > self.probe_wait() and self._probe_pays()
+        if self.inherited and self.rounds == (0, 0):  # a new text on another's AR evidence: one try at once
+            return self._new_text_try_pays()
         return self._since_other >= self.probe_wait() and self._probe_pays()
+
+    def _new_text_try_pays(self) -> bool:
+        """A new request alone inherits the last one's evidence, but its text is new: it tries drafting
+        in its first round where that try costs at most PROBE_SHARE of the AR rounds it has left."""
+        if self.horizon is None:
+            return False
+        drafted_ms, ar_ms = self._ms()
+        return try_cost_rounds(ar_ms, drafted_ms, self.once_ms) <= PROBE_SHARE * self.horizon and self._probe_pays()
 
     def probe_wait(self) -> int:
         """AR rounds between tries of drafting (`ProbeBackoff`: longer after each try that confirmed AR)."""

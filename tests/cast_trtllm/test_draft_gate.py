@@ -243,5 +243,21 @@ def test_with_costs_a_drafting_gate_plays_ar_only_to_read_the_tables_ar_cell():
         gate.record(d, 3 if d else 1, 29.0 if d else 20.0, expected=2.5 if d else None, packed=4 if d else None,
                     masses=np.array([0.9, 0.8, 0.6]) if d else None)
     assert played.count(False) == model.min_readings == 3 and not model.needs_reading(1)
-    model.rounds += model.refresh_rounds + 1  # unread for refresh_rounds: read again
-    assert model.needs_reading(1) and not gate.draft_next()
+    assert all(played[-20:])
+    model.rounds += model.refresh_rounds + 1  # unread for refresh_rounds: read again, within probe_every rounds
+    assert model.needs_reading(1) and not all(gate.draft_next() for _ in range(gate.probe_every))
+
+
+def test_alone_a_new_request_on_inherited_ar_evidence_tries_its_new_text_once_where_that_is_cheap():
+    """Its text is new: one try in its first round, if that try (a drafted round 5 ms dearer plus a 90-row
+    context pass at 0.05 ms) costs at most PROBE_SHARE of the AR rounds it has left."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
+                            probe_every=10_000)
+    donor = DraftGate(costs=model)
+    donor.record(True, 1, 25.0, expected=1.1, packed=4, masses=np.array([0.05, 0.01]))  # AR wins on its text
+    for horizon, tries in ((24, True), (4, False)):  # (5 + 4.5) / 20 = 0.48 AR rounds <= 0.05 x 24, > 0.05 x 4
+        gate = DraftGate(costs=model, horizon=horizon, stale_rows=90, context_row_ms=0.05)
+        gate.inherit(donor)
+        assert not gate.best_is_speculate() and gate.draft_next() == tries
