@@ -216,9 +216,8 @@ class OnlineCostModel:
 
         masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
         requests), calibrated here as rho ** mass_exponent. Every `probe_every`-th call
-        (with `explore`) may play a neighbour bucket instead. drafting: how many of the B
-        requests draft (the draft pass is priced at that many; None: all B).
-        """
+        (with `explore`) may play a neighbour bucket instead. drafting: the requests of the B
+        that draft (the draft pass is priced at that many; None: all B)."""
         rho = check_masses(masses_desc) ** self.mass_exponent
         if drafting is not None and not 1 <= drafting <= batch:
             raise ValueError(f"{drafting} drafting requests in a round of {batch}")
@@ -242,11 +241,9 @@ class OnlineCostModel:
         return budget, bucket
 
     def needs_reading(self, bucket: int, batch: int = 1) -> bool:
-        """Whether the (batch, bucket) cell has fewer than `min_readings` readings or none for
-        `refresh_rounds` rounds (the draft gate plays an AR round to read ell(1) only then)."""
-        readings = self.verify.get(batch, {}).get(bucket, [])
-        return (len(readings) < self.min_readings
-                or self.rounds - self.last_read.get((batch, bucket), 0) > self.refresh_rounds)
+        """Whether cell (batch, bucket) has < `min_readings` readings or none for `refresh_rounds` rounds."""
+        stale = self.rounds - self.last_read.get((batch, bucket), 0) > self.refresh_rounds
+        return len(self.verify.get(batch, {}).get(bucket, [])) < self.min_readings or stale
 
     def _slot(self, width: int) -> int:
         return int(np.searchsorted(self.buckets, width))

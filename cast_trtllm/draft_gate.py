@@ -20,7 +20,7 @@ wall-clock ms decide.
 
 Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft
 pass and a padded verify, so the gate plays the table's choice from the first round (on
-masses inherited from the engine's last drafting request until it has its own) and never
+masses inherited from the engine's pooled evidence until it has its own) and never
 probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once. On a
 cold engine (nothing to inherit yet) only the oldest auto request drafts (the engine's
 scout); the others inherit its masses the round after.
@@ -41,7 +41,7 @@ most `PROBE_GAIN` of the AR time left to the request (`horizon` tokens). Turning
 from AR must win back that one-off pass within the horizon too. A try that accepts at least
 `PROMISING` of its forecast restarts the request's acceptance evidence from itself (the text
 changed; old evidence would hold a head that is right again off for many tries). A new request inherits the
-engine's last drafting gate's evidence and backoff, alone as under load, so continuous
+engine's pooled evidence (`cast_trtllm.engine_evidence`) and backoff, alone as under load, so continuous
 arrivals do not pay a drafted warm-up per request; only a gate with no evidence at all (a
 cold engine) drafts its first `min_drafted` rounds. Alone, a new request whose inherited
 evidence says AR tries once in its first round (its text is new), where that try costs at
@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cast_trtllm.engine_evidence import EngineEvidence, blend
 from cast_trtllm.probe_backoff import PROBE_SHARE, ProbeBackoff, try_cost_rounds, try_pays
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ class DraftGate:
         if drafted and packed is not None:
             self.packed = packed
         if drafted and masses is not None:
-            self._blend(np.asarray(masses, dtype=np.float64))
+            self.masses = blend(self.masses, masses, self.alpha)
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
@@ -170,14 +171,6 @@ class DraftGate:
         self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 
-    def _blend(self, masses: np.ndarray) -> None:
-        """EWMA of descending mass vectors (zero-padded): it stays descending."""
-        if self.masses is None:
-            self.masses = masses.copy()
-            return
-        n = max(len(self.masses), len(masses))
-        old, new = np.pad(self.masses, (0, n - len(self.masses))), np.pad(masses, (0, n - len(masses)))
-        self.masses = old + self.alpha * (new - old)
 
     @property
     def correction(self) -> float:
@@ -202,10 +195,9 @@ class DraftGate:
         spec, ar = self.speculate, self.autoregressive  # ar.ms > 0 once AR has run
         return spec.ms > 0 and self.speculate_tokens() / spec.ms >= ar.tokens / ar.ms
 
-    def inherit(self, other: "DraftGate", pseudo_tokens: float = 4.0) -> None:
-        """Start from another request's evidence (the engine hands over its last drafting
-        request's gate): its typical masses, and its realized / predicted acceptance
-        shrunk to `pseudo_tokens` predicted tokens. Under load this request then decides
+    def inherit(self, other: EngineEvidence, pseudo_tokens: float = 4.0) -> None:
+        """Start from the engine's pooled evidence: its typical masses, and its realized / predicted
+        acceptance shrunk to `pseudo_tokens` predicted tokens. Under load this request then decides
         from the table at once instead of paying a drafted first round."""
         if other.masses is None:
             return
@@ -213,7 +205,7 @@ class DraftGate:
         if other.predicted > 0:
             shrink = min(1.0, pseudo_tokens / other.predicted)
             self.realized, self.predicted = other.realized * shrink, other.predicted * shrink
-        self.backoff.confirmed = other.backoff.confirmed  # the engine's tries so far: continuous arrivals keep them
+        self.backoff.confirmed = other.confirmed  # the engine's tries so far: continuous arrivals keep them
         self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 
     def typical_masses(self) -> np.ndarray | None:

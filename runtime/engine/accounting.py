@@ -44,10 +44,12 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
             seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
                             packed=tree.num_packed if was else None, masses=mass, batch=len(batch))
             seq.draft_next = brief(engine, seq).draft_next()
-            if was and seq.gate.masses is not None:
-                engine.last_gate = seq.gate
-    if engine.probing:
-        engine.load_probe.confirmed(still_ar=not any(s.draft_next for s in batch if s.gate is not None))
+            if was and mass is not None:  # a drafted auto round: the engine's pooled evidence
+                engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
+                                    seq.gate.backoff.confirmed)
+    if engine.probing:  # the batch turns to drafting only if the requests whose tries want it pay together
+        wants = [s.gate.typical_masses() for s in batch if s.gate is not None and s.draft_next and s.gate.masses is not None]
+        engine.load_probe.confirmed(still_ar=not wants or not engine.load_probe.subset_pays(wants, len(batch)))
 
 
 def brief(engine, seq: Sequence):

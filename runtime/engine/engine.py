@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.draft_gate import DraftGate
+from cast_trtllm.engine_evidence import EngineEvidence
 from cast_trtllm.load_probe import LoadProbe
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
@@ -76,7 +77,7 @@ class LLMEngine:
         self.active: list[Sequence] = []
         self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
         self.probing = False  # this round is the load probe's
-        self.last_gate: DraftGate | None = None  # the last drafting request's gate (new requests inherit its masses)
+        self.evidence = EngineEvidence()  # drafted auto rounds, pooled over requests: new requests start from it
         self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # CPU: host search
         self.prompt_context_ms = 0.0  # this round's drafter context pass over first drafts' prompts (prefill-like)
         self.context_row_ms = 0.0  # the drafter's context pass per row, as measured over prompts (gates price it)
@@ -124,8 +125,8 @@ class LLMEngine:
             req.sampling.generator("cpu"),
             gate=DraftGate(probe_every=self.spec.gate_probe_every, costs=self.cost, stale_rows=n) if gated else None,
         )
-        if seq.gate is not None and self.last_gate is not None:  # alone or under load it decides from the table
-            seq.gate.inherit(self.last_gate)  # at once, and tries drafting on the engine's backoff (issue 40)
+        if seq.gate is not None:  # alone or under load it decides from the table at once (on masses drafted
+            seq.gate.inherit(self.evidence)  # before), and tries drafting on the engine's backoff (issue 40)
         seq.arrival = self.clock.now()  # its prompt is prefilled in the coming rounds (`step`)
         self.active.append(seq)
         return seq
@@ -175,9 +176,9 @@ class LLMEngine:
         """Under load, auto requests with no masses of their own (a cold engine's first wave)
         do not all draft to learn them: once any request has drafted they inherit its masses
         and the table decides; until then only the oldest (the scout) drafts."""
-        source = self.last_gate
+        source = self.evidence
         for i, s in enumerate(cold):
-            if source is not None:
+            if source.masses is not None:
                 s.gate.batch = batch
                 s.gate.inherit(source)
                 s.draft_next = brief(self, s).draft_next()

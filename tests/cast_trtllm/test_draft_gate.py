@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from cast_trtllm.draft_gate import DraftGate
+from cast_trtllm.engine_evidence import EngineEvidence
 
 
 def _play(gate: DraftGate, rounds: int, spec_tokens: float, spec_ms: float, ar_ms: float) -> list[bool]:
@@ -130,8 +131,8 @@ def _table(ar_ms: float, tree_ms: float):
 
 
 def _loaded_gate(model, masses) -> DraftGate:
-    donor = DraftGate(costs=model)
-    donor.record(True, 1 + round(masses.sum()), 50.0, expected=1 + masses.sum(), packed=4, masses=masses)
+    donor = EngineEvidence()  # the engine's pooled drafted rounds
+    donor.add(1 + round(masses.sum()), 1 + masses.sum(), masses, 4, confirmed=0)
     gate = DraftGate(costs=model, probe_every=4)
     gate.inherit(donor)
     gate.batch = 8
@@ -184,8 +185,8 @@ def test_an_inherited_gain_that_cannot_repay_the_prompt_pass_waits_until_a_try_i
 
     model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
                             probe_every=10_000)
-    donor = DraftGate(costs=model)
-    donor.record(True, 2, 25.0, expected=1.3, packed=4, masses=np.array([0.2, 0.05, 0.05]))
+    donor = EngineEvidence()  # the engine's pooled drafted rounds
+    donor.add(2, 1.3, np.array([0.2, 0.05, 0.05]), 4, confirmed=0)
     for row_ms, first_try in ((0.5, None), (0.01, 0)):
         gate = DraftGate(costs=model, probe_every=4, horizon=20, stale_rows=150, context_row_ms=row_ms)
         gate.inherit(donor)
@@ -220,8 +221,8 @@ def test_under_load_an_inherited_gain_that_cannot_repay_the_prompt_pass_does_not
 
     model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 8: 20.5, 32: 22.0, 128: 30.0, 512: 60.0},
                             prior_draft_ms=4.0, probe_every=10_000)  # a flat (memory-bound) machine
-    donor = DraftGate(costs=model)
-    donor.record(True, 3, 25.0, expected=2.5, packed=4, masses=np.array([0.9, 0.8, 0.6]))
+    donor = EngineEvidence()  # the engine's pooled drafted rounds
+    donor.add(3, 2.5, np.array([0.9, 0.8, 0.6]), 4, confirmed=0)
     for row_ms, drafts in ((0.01, True), (0.5, False)):  # a 1 ms or a 50 ms pass over 100 prompt rows
         gate = DraftGate(costs=model, horizon=20, stale_rows=100, context_row_ms=row_ms, batch=8)
         gate.inherit(donor)
@@ -255,8 +256,8 @@ def test_alone_a_new_request_on_inherited_ar_evidence_tries_its_new_text_once_wh
 
     model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 21.0, 128: 300.0}, prior_draft_ms=4.0,
                             probe_every=10_000)
-    donor = DraftGate(costs=model)
-    donor.record(True, 1, 25.0, expected=1.1, packed=4, masses=np.array([0.05, 0.01]))  # AR wins on its text
+    donor = EngineEvidence()  # the engine's pooled drafted rounds
+    donor.add(1, 1.1, np.array([0.05, 0.01]), 4, confirmed=0)  # AR wins on its text
     for horizon, tries in ((24, True), (4, False)):  # (5 + 4.5) / 20 = 0.48 AR rounds <= 0.05 x 24, > 0.05 x 4
         gate = DraftGate(costs=model, horizon=horizon, stale_rows=90, context_row_ms=0.05)
         gate.inherit(donor)

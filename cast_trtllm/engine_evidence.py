@@ -1,0 +1,51 @@
+"""`EngineEvidence`: what the engine's drafted auto rounds said lately, pooled over requests.
+
+A new auto request starts from it (`DraftGate.inherit`) instead of paying drafted warm-up
+rounds of its own: the typical prefix masses, the realized / predicted acceptance and the
+backoff level of its tries. Pooled, not one request's: handing over the last drafting
+request's gate let one lucky try decide for every arrival after it (a probe at c = 8 reset
+one gate's evidence on a 2-token accept; each later arrival inherited it and drafted at
+R = 1.18, cast:auto 0.89x AR against 0.98x without it). Acceptance sums decay by `decay`
+per drafted request-round (about the last 50), masses are an EWMA. Pure numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def blend(old: np.ndarray | None, new: np.ndarray, alpha: float) -> np.ndarray:
+    """EWMA of descending mass vectors (zero-padded to the longer): it stays descending."""
+    new = np.asarray(new, dtype=np.float64)
+    if old is None:
+        return new.copy()
+    n = max(len(old), len(new))
+    old, new = np.pad(old, (0, n - len(old))), np.pad(new, (0, n - len(new)))
+    return old + alpha * (new - old)
+
+
+@dataclass(slots=True)
+class EngineEvidence:
+    alpha: float = 0.2  # EWMA weight of a drafted request-round's masses
+    decay: float = 0.98  # acceptance sums shrink by this per drafted request-round
+    masses: np.ndarray | None = None  # EWMA of drafted rounds' sorted prefix masses (None: nothing drafted yet)
+    packed: int | None = None  # packed tokens of the last drafted round
+    realized: float = 0.0  # decayed accepted (non-root) tokens
+    predicted: float = 0.0  # their decayed forecast
+    confirmed: int = 0  # tries in a row that confirmed AR, as the last drafted request's backoff counts them
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1 or not 0 < self.decay <= 1:
+            raise ValueError(f"EngineEvidence needs 0 < alpha <= 1 and 0 < decay <= 1, got {self.alpha}, {self.decay}")
+
+    def add(self, committed: int, expected: float, masses: np.ndarray, packed: int, confirmed: int) -> None:
+        """One drafted auto round of one request: committed tokens, its forecast committed length,
+        its sorted prefix masses and packed tokens, and that request's backoff level after it."""
+        if committed < 1 or expected < 1:
+            raise ValueError(f"a drafted round commits >= 1 token and forecasts >= 1, got {committed}, {expected}")
+        self.realized = self.decay * self.realized + committed - 1
+        self.predicted = self.decay * self.predicted + expected - 1
+        self.masses = blend(self.masses, masses, self.alpha)
+        self.packed, self.confirmed = packed, confirmed
