@@ -12,10 +12,13 @@ load (`cast_trtllm.load_probe.LoadProbe`):
   and one early reading must not park a head that pays.)
 - whatever the schedule, tries cost at most `PROBE_SHARE` of the AR time between them: a
   try that costs `cost_rounds` AR rounds more than the AR round it replaces waits at least
-  cost_rounds / PROBE_SHARE rounds. Alone on a 2-core CPU a try costs ~0.5 AR round (the
-  first try comes after 10 rounds, not 4); 16 requests trying at once cost 3-5 AR rounds
-  (a draft pass for 16 and a context pass over ~1,100 rows: 135-260 ms against 48 ms), and
-  two such tries in the first 25 rounds made cast:auto 0.73x AR there (issue 40).
+  cost_rounds / PROBE_SHARE rounds. Alone on a 2-core CPU a try costs ~0.4 AR round, so the
+  backoff's own waits (4, 8, ...) hold; 16 requests trying at once cost 3-5 AR rounds (a
+  draft pass for 16 and a context pass over ~1,100 rows: 135-260 ms against 48 ms): two such
+  tries in the first 25 rounds made cast:auto 0.73x AR there (issue 40); now they wait 25-50.
+  At 0.05 the waits alone grew to 8-10 rounds, and on text where drafting barely pays (MATH-500,
+  MT-Bench: cast:3 1.1x AR) a gate that turned to AR by chance came back too late (auto 0.92x
+  of cast:3, 32-token outputs).
 
 A try of drafting is a drafted round that commits ~1 token where AR would: on a 2-core CPU
 with the embedded model it costs about one more AR round, plus the drafter's context pass
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 # rate is skipped (requests about to finish). `DraftGate` and `LoadProbe` both read it.
 PROBE_GAIN = 0.25
 # tries of drafting from AR cost at most this share of the AR time between them (the wait's floor)
-PROBE_SHARE = 0.05
+PROBE_SHARE = 0.1
 
 
 def try_cost_rounds(ar_ms: float, drafted_ms: float, once_ms: float) -> float:

@@ -178,7 +178,7 @@ def test_with_costs_the_gate_prices_both_arms_at_the_rounds_batch():
 def test_an_inherited_gain_that_cannot_repay_the_prompt_pass_waits_until_a_try_is_cheap_enough():
     """Drafting priced barely above AR on another request's masses cannot repay a 150-row context
     pass (75 ms) over 20 tokens, and a try would cost 4 AR rounds (the pass and a 5 ms dearer
-    round): it waits 4 / PROBE_SHARE = 80 rounds, longer than the request lives, so it stays on
+    round): it waits 4 / PROBE_SHARE = 40 rounds, longer than the request lives, so it stays on
     AR. With a cheap pass (1.5 ms) the same priced gain repays it and the request drafts at once."""
     from cast_trtllm.cost_model import OnlineCostModel
     from cast_trtllm.probe_backoff import PROBE_SHARE
@@ -192,7 +192,7 @@ def test_an_inherited_gain_that_cannot_repay_the_prompt_pass_waits_until_a_try_i
         gate.inherit(donor)
         assert gate.best_is_speculate()
         if first_try is None:
-            assert gate.probe_wait() == round((5.0 + 75.0) / 20.0 / PROBE_SHARE) == 80
+            assert gate.probe_wait() == round((5.0 + 75.0) / 20.0 / PROBE_SHARE) == 40
         drafted = []
         for _ in range(8):
             d = gate.draft_next()
@@ -210,7 +210,7 @@ def test_a_try_costs_at_most_probe_share_of_the_ar_rounds_it_waits():
     backoff = ProbeBackoff(every=4, max_backoff=3)
     assert backoff.interval(cost_rounds=0.1) == 4 and backoff.interval(cost_rounds=2.0) == round(2 / PROBE_SHARE)
     backoff.confirmed = 2  # settled, and priced far below AR: the longest wait, unless the floor is longer
-    assert backoff.interval(0.5, cost_rounds=0.1) == 32 and backoff.interval(0.5, cost_rounds=3.0) == 60
+    assert backoff.interval(0.5, cost_rounds=0.1) == 32 and backoff.interval(0.5, cost_rounds=5.0) == 50
 
 
 def test_under_load_an_inherited_gain_that_cannot_repay_the_prompt_pass_does_not_draft():

@@ -40,11 +40,11 @@ def test_a_cheap_close_call_is_probed_after_every_rounds_then_ever_more_rarely_w
 
 
 def test_a_dear_probe_costs_at_most_probe_share_of_the_ar_rounds_between_probes():
-    """A probe costing 2.5 AR rounds more than one (60 + 10 ms against 20 ms) waits 2.5 / 0.05 = 50
+    """A probe costing 2.5 AR rounds more than one (60 + 10 ms against 20 ms) waits 2.5 / 0.1 = 25
     rounds, whatever the backoff says, and the backoff's longer waits still follow."""
-    assert PROBE_SHARE == 0.05
+    assert PROBE_SHARE == 0.1
     probe = LoadProbe(_table(60.0), every=4, max_backoff=4)  # 8 * 3.3 / 70 = 0.38 tok/ms vs AR 0.4: close
-    assert list(np.diff([-1] + _probed(probe, 300))) == [50, 50, 50, 50, 64]
+    assert list(np.diff([-1] + _probed(probe, 200))) == [25, 25, 25, 32, 64]
 
 
 def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
@@ -57,9 +57,9 @@ def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
 
 def test_drafting_priced_far_below_ar_is_probed_at_the_longest_interval_once_two_probes_confirmed_ar():
     """Far off, a try rarely wins, but the text may turn predictable: it is still looked at. The
-    probe costs 0.45 AR rounds (24 + 5 ms against 20 ms), so the first two wait 9 rounds, not 2 and 4."""
+    probe costs 0.45 AR rounds (24 + 5 ms against 20 ms), so the first two wait 5 rounds, not 2 and 4."""
     probe = LoadProbe(_table(24.0, draft_ms=5.0), every=2, max_backoff=4)  # at best 8 / 25 = 0.32 tok/ms vs 0.4
-    assert list(np.diff([-1] + _probed(probe, 100, TINY))) == [9, 9, 32, 32]
+    assert list(np.diff([-1] + _probed(probe, 100, TINY))) == [5, 5, 32, 32]
     probe = LoadProbe(_table(60.0))
     assert not any(probe.due([], 8) for _ in range(50))  # no request has masses yet
 
@@ -82,8 +82,8 @@ def test_bad_settings_are_refused(kwargs):
 def test_a_probe_that_cannot_pay_back_its_context_pass_waits_while_the_batch_finishes():
     """8 requests with 10 rounds left: 0.25 x 10 x 20 ms cannot cover a 50 ms dearer round plus a
     500 ms context pass over their prompts; with 400 rounds left it can, once the 550 ms (27.5 AR
-    rounds) are at most PROBE_SHARE of the rounds waited: at round 550."""
-    for horizon, first in ((10, None), (400, 549)):
+    rounds) are at most PROBE_SHARE of the rounds waited: at round 275."""
+    for horizon, first in ((10, None), (400, 274)):
         probe = LoadProbe(_table(60.0), every=4)
-        fired = _probed(probe, 600, once_ms=500.0, horizon=horizon)
+        fired = _probed(probe, 300, once_ms=500.0, horizon=horizon)
         assert (fired[0] if fired else None) == first
