@@ -148,8 +148,8 @@ def page(report: dict) -> str:
              "Each figure is a method's fastest of its repeats in tokens/s (wall, prefill included), methods "
              "interleaved in one run with the order rotated; `x AR` is over AR in the same cell. drafted = share of "
              "rounds that drafted. = AR: greedy outputs equal to AR's (fewest over repeats) / requests.", "",
-             "Sized to finish well within 25 minutes on a 2-core machine shared with other work (3 minutes quiet, 30 under load average 3-5): few prompts (1 per "
-             "domain at B = 1), short outputs, 2 repeats. On such a machine single rounds stall for seconds when "
+             "Sized to finish well within 25 minutes on a 2-core machine shared with other work (3 minutes quiet, 30 under load average 3-5): few prompts per "
+             "domain at B = 1, short outputs, 2 repeats (the command above says how many). On such a machine single rounds stall for seconds when "
              "another process runs (prefill chunks were read at 0.2 to 8 s for the same shape), so a cell's ratio "
              "can move by tens of percent between runs; read the columns that count (auto drafted, = AR) as "
              "measured and the speed ratios as indicative only. Where the default execution is torch bf16 (this "
