@@ -262,3 +262,21 @@ def test_alone_a_new_request_on_inherited_ar_evidence_tries_its_new_text_once_wh
         gate = DraftGate(costs=model, horizon=horizon, stale_rows=90, context_row_ms=0.05)
         gate.inherit(donor)
         assert not gate.best_is_speculate() and gate.draft_next() == tries
+
+
+def test_a_drafting_gate_holds_on_while_drafting_is_priced_within_hold_of_ar():
+    """Near 1 the price is noise and only drafting keeps reading the text: a drafting gate turns
+    to AR below HOLD x AR; a gate playing AR turns to drafting only where drafting wins."""
+    from cast_trtllm.cost_model import OnlineCostModel
+    from cast_trtllm.draft_gate import HOLD
+
+    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 25.0, 128: 300.0}, prior_draft_ms=4.0,
+                            probe_every=10_000)
+    for first, ratio, drafting, playing_ar in ((0.25, 0.99, True, False), (0.2, 0.93, False, False),
+                                               (0.3, 1.05, True, True)):
+        gate = DraftGate(costs=model)
+        gate.masses = np.array([first, first / 2, first / 4])
+        assert gate.best_is_speculate() == drafting
+        assert gate._rates[0] / gate._rates[1] == pytest.approx(ratio, abs=0.01) and HOLD == 0.95
+        gate._best = False  # the same price seen by a gate playing AR
+        assert gate.best_is_speculate() == playing_ar
