@@ -68,9 +68,10 @@ if TYPE_CHECKING:
 # a try of drafting that accepts at least this share of its forecast says the text has changed (random
 # words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
 PROMISING = 0.5
-# a drafting gate turns to AR only once the table prices drafting below HOLD x AR: near 1 the price is
-# noise, drafting keeps reading the text (masses, acceptance) while AR reads nothing and comes back only
-# by single-round tries. Turning at 0.96-0.97 left auto 0.08 under cast:3 on MT-Bench (B = 1, 2-core CPU)
+# alone, a drafting gate turns to AR only once the table prices drafting below HOLD x AR: near 1 the price
+# is noise, drafting keeps reading the text (masses, acceptance) while AR reads nothing and comes back only
+# by single-round tries. Turning at 0.96-0.97 left auto 0.08 under cast:3 on MT-Bench (B = 1, 2-core CPU).
+# Not under load: there `LoadProbe` tries for the batch and `subset_pays` prices drafting strictly
 HOLD = 0.95
 
 
@@ -191,7 +192,7 @@ class DraftGate:
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
             pooled = np.repeat(self.typical_masses(), self.batch)  # every request of the round drafting like this one
             self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
-            return self._rates[0] >= self._rates[1] * (HOLD if self._best else 1.0)
+            return self._rates[0] >= self._rates[1] * (HOLD if self._best and self.batch == 1 else 1.0)
         if self.costs is not None and self.packed is not None:
             return self.costs.draft_pays(self.speculate_tokens(), self.packed, self.batch)
         if self.autoregressive.rounds == 0:

@@ -265,8 +265,8 @@ def test_alone_a_new_request_on_inherited_ar_evidence_tries_its_new_text_once_wh
 
 
 def test_a_drafting_gate_holds_on_while_drafting_is_priced_within_hold_of_ar():
-    """Near 1 the price is noise and only drafting keeps reading the text: a drafting gate turns
-    to AR below HOLD x AR; a gate playing AR turns to drafting only where drafting wins."""
+    """Near 1 the price is noise and only drafting keeps reading the text: alone, a drafting gate
+    turns to AR below HOLD x AR; a gate playing AR turns to drafting only where drafting wins."""
     from cast_trtllm.cost_model import OnlineCostModel
     from cast_trtllm.draft_gate import HOLD
 
@@ -280,3 +280,6 @@ def test_a_drafting_gate_holds_on_while_drafting_is_priced_within_hold_of_ar():
         assert gate._rates[0] / gate._rates[1] == pytest.approx(ratio, abs=0.01) and HOLD == 0.95
         gate._best = False  # the same price seen by a gate playing AR
         assert gate.best_is_speculate() == playing_ar
+    gate = DraftGate(costs=model, batch=2)  # under load no hold: LoadProbe tries for the batch
+    gate.masses = np.array([0.25, 0.125, 0.0625])
+    assert gate.best_is_speculate() == (gate._rates[0] >= gate._rates[1])
