@@ -128,6 +128,7 @@ class DraftGate:
     _since_other: int = 0      # rounds since the arm not being played last ran
     _best: bool = True         # best_is_speculate() as of the last record that priced it
     _stale: int = 0            # records since then
+    _drafting: bool = False    # the last round recorded drafted (HOLD applies to such a gate alone)
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -150,7 +151,7 @@ class DraftGate:
             raise ValueError(f"a round commits >= 1 token in > 0 ms, got {committed} tokens, {round_ms} ms")
         if expected is not None and expected < 1:
             raise ValueError(f"a drafted round's expected committed length is >= 1, got {expected}")
-        tokens = float(committed)
+        tokens, self._drafting = float(committed), drafted
         cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
         probe = drafted and not self._best and not cold  # a try of drafting while AR was played
         if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
@@ -192,7 +193,7 @@ class DraftGate:
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
             pooled = np.repeat(self.typical_masses(), self.batch)  # every request of the round drafting like this one
             self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
-            return self._rates[0] >= self._rates[1] * (HOLD if self._best and self.batch == 1 else 1.0)
+            return self._rates[0] >= self._rates[1] * (HOLD if self._drafting and self.batch == 1 else 1.0)
         if self.costs is not None and self.packed is not None:
             return self.costs.draft_pays(self.speculate_tokens(), self.packed, self.batch)
         if self.autoregressive.rounds == 0:
