@@ -68,11 +68,6 @@ if TYPE_CHECKING:
 # a try of drafting that accepts at least this share of its forecast says the text has changed (random
 # words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
 PROMISING = 0.5
-# alone, a drafting gate turns to AR only once the table prices drafting below HOLD x AR: near 1 the price
-# is noise, drafting keeps reading the text (masses, acceptance) while AR reads nothing and comes back only
-# by single-round tries. Turning at 0.96-0.97 left auto 0.08 under cast:3 on MT-Bench (B = 1, 2-core CPU).
-# Not under load: there `LoadProbe` tries for the batch and `subset_pays` prices drafting strictly
-HOLD = 0.95
 
 
 @dataclass(slots=True)
@@ -128,7 +123,6 @@ class DraftGate:
     _since_other: int = 0      # rounds since the arm not being played last ran
     _best: bool = True         # best_is_speculate() as of the last record that priced it
     _stale: int = 0            # records since then
-    _drafting: bool = False    # the last round recorded drafted (HOLD applies to such a gate alone)
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -151,7 +145,7 @@ class DraftGate:
             raise ValueError(f"a round commits >= 1 token in > 0 ms, got {committed} tokens, {round_ms} ms")
         if expected is not None and expected < 1:
             raise ValueError(f"a drafted round's expected committed length is >= 1, got {expected}")
-        tokens, self._drafting = float(committed), drafted
+        tokens = float(committed)
         cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
         probe = drafted and not self._best and not cold  # a try of drafting while AR was played
         if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
@@ -193,7 +187,7 @@ class DraftGate:
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
             pooled = np.repeat(self.typical_masses(), self.batch)  # every request of the round drafting like this one
             self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
-            return self._rates[0] >= self._rates[1] * (HOLD if self._drafting and self.batch == 1 else 1.0)
+            return self._rates[0] >= self._rates[1]
         if self.costs is not None and self.packed is not None:
             return self.costs.draft_pays(self.speculate_tokens(), self.packed, self.batch)
         if self.autoregressive.rounds == 0:

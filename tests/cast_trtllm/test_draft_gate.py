@@ -262,38 +262,3 @@ def test_alone_a_new_request_on_inherited_ar_evidence_tries_its_new_text_once_wh
         gate = DraftGate(costs=model, horizon=horizon, stale_rows=90, context_row_ms=0.05)
         gate.inherit(donor)
         assert not gate.best_is_speculate() and gate.draft_next() == tries
-
-
-def test_a_drafting_gate_holds_on_while_drafting_is_priced_within_hold_of_ar():
-    """Near 1 the price is noise and only drafting keeps reading the text: alone, a drafting gate
-    turns to AR below HOLD x AR; a gate playing AR turns to drafting only where drafting wins."""
-    from cast_trtllm.cost_model import OnlineCostModel
-    from cast_trtllm.draft_gate import HOLD
-
-    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 25.0, 128: 300.0}, prior_draft_ms=4.0,
-                            probe_every=10_000)
-    for first, ratio, drafting, playing_ar in ((0.25, 0.99, True, False), (0.2, 0.93, False, False),
-                                               (0.3, 1.05, True, True)):
-        gate = DraftGate(costs=model)
-        gate.masses, gate._drafting = np.array([first, first / 2, first / 4]), True
-        assert gate.best_is_speculate() == drafting
-        assert gate._rates[0] / gate._rates[1] == pytest.approx(ratio, abs=0.01) and HOLD == 0.95
-        gate._drafting = False  # the same price seen by a gate playing AR, or a new one
-        assert gate.best_is_speculate() == playing_ar
-    gate = DraftGate(costs=model, batch=2)  # under load no hold: LoadProbe tries for the batch
-    gate.masses, gate._drafting = np.array([0.25, 0.125, 0.0625]), True
-    assert gate.best_is_speculate() == (gate._rates[0] >= gate._rates[1])
-
-
-def test_a_new_request_priced_just_under_ar_is_not_held_off_its_first_try():
-    """A new request inherits AR-leaning evidence priced at 0.99x AR: no hold (it is not drafting),
-    so it plays AR and its new text gets its one early try instead of waiting the inherited backoff."""
-    from cast_trtllm.cost_model import OnlineCostModel
-
-    model = OnlineCostModel(buckets=(1, 4), prior={1: 20.0, 4: 25.0, 128: 300.0}, prior_draft_ms=4.0,
-                            probe_every=10_000)
-    evidence = EngineEvidence(confirmed=2)  # two tries before it confirmed AR: a 16-round wait
-    evidence.add(2, 2.0, np.array([0.25, 0.125, 0.0625]), 4, confirmed=2)
-    gate = DraftGate(costs=model, horizon=31, stale_rows=50, context_row_ms=0.03)
-    gate.inherit(evidence)
-    assert not gate._best and gate.probe_wait() == 16 and gate.draft_next()
