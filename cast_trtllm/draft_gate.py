@@ -229,9 +229,8 @@ class DraftGate:
             return False
         if self._best:  # drafting wins: AR is re-measured every probe_every rounds (with the table: when
             if self._since_other > 0:  # its ell(1) cell needs a reading; an AR round in a run that pays costs ~R-1 tokens)
-                if costs is not None and self.masses is not None:
-                    return self._since_other < self.probe_every or not costs.needs_reading(1, self.batch)
-                return self._since_other < self.probe_every
+                priced = costs is not None and self.masses is not None
+                return self._since_other < self.probe_every or (priced and not costs.needs_reading(1, self.batch))
             if self._switch_pays():
                 return True
             # the priced gain (on another request's masses, maybe) cannot repay the one-off pass: try as
@@ -243,7 +242,7 @@ class DraftGate:
         return self._since_other >= self.probe_wait() and self._probe_pays()
 
     def _new_text_try_pays(self) -> bool:
-        """A new request alone inherits the last one's evidence, but its text is new: it tries drafting
+        """A new request alone inherits the engine's evidence, but its text is new: it tries drafting
         in its first round where that try costs at most PROBE_SHARE of the AR rounds it has left."""
         if self.horizon is None:
             return False

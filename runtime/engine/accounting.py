@@ -48,8 +48,14 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
                 engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
                                     seq.gate.backoff.confirmed)
     if engine.probing:  # the batch turns to drafting only if the requests whose tries want it pay together
-        wants = [s.gate.typical_masses() for s in batch if s.gate is not None and s.draft_next and s.gate.masses is not None]
+        wants = [s.gate.typical_masses() for s in wanting(batch)]
         engine.load_probe.confirmed(still_ar=not wants or not engine.load_probe.subset_pays(wants, len(batch)))
+
+
+def wanting(seqs: list[Sequence]) -> list[Sequence]:
+    """The gated requests whose gates chose to draft next, with masses to price them by (under load
+    `LoadProbe.subset_pays` prices them together)."""
+    return [s for s in seqs if s.gate is not None and s.draft_next and s.gate.masses is not None]
 
 
 def brief(engine, seq: Sequence):

@@ -35,7 +35,7 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account, brief
+from runtime.engine.accounting import account, brief, wanting
 from runtime.engine.drafting import draft_scores, feed_contexts
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
@@ -161,7 +161,7 @@ class LLMEngine:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and not any(s.method != "ar" and s.gate is None
                                                                        for s in batch):  # none drafts anyway
-            wants = [s for s in gated if s.draft_next and s.gate.masses is not None]  # as the round runs them
+            wants = wanting(gated)  # priced as the round runs them
             if not self.load_probe.subset_pays([s.gate.typical_masses() for s in wants], len(batch)):
                 for s in wants:
                     s.draft_next = False
