@@ -28,8 +28,10 @@ scout); the others inherit its masses the round after.
 A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta)
 (the expected committed length, paper §2), not the realized R: R of one round is 1 or
 much more, and an arm played only at probes would stick on one unlucky sample. The
-forecast is scaled by the request's realized / predicted accepted tokens (with
-`prior_tokens` pseudo-counts). Output is unaffected; only which rounds draft.
+forecast is scaled by the request's realized / predicted accepted tokens, shrunk by `prior_tokens`
+to the engine's pooled ratio; its own evidence fades (half-life `memory` tokens), so a gate turned
+to AR by an answer's unpredictable opening re-prices on the domain's ratio (MT-Bench, B = 1, 6 x 48
+tokens: auto 1.01x -> 1.10x AR, cast:3 1.16x). Only which rounds draft.
 
 Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting
 on the schedule `cast_trtllm.probe_backoff.ProbeBackoff` sets (the wait doubles with each try
@@ -46,9 +48,9 @@ arrivals do not pay a drafted warm-up per request; only a gate with no evidence 
 cold engine) drafts its first `min_drafted` rounds. Alone, a new request whose inherited
 evidence says AR tries once in its first round (its text is new), where that try costs at
 most PROBE_SHARE of the AR rounds it has left; a try found random words turned predictable
-10 rounds sooner than the inherited backoff's wait (24-token requests, 2-core CPU). AR rounds re-price the table every
-max(probe_every, batch) rounds, doubled like the waits (each pricing runs the width rule:
-~0.4 ms on a 2-core CPU, 2% of a 22 ms AR round if paid every round).
+10 rounds sooner than the inherited backoff's wait (24-token requests, 2-core CPU). AR rounds re-price
+every max(probe_every, batch) rounds, doubled like the waits (a pricing runs the width rule, ~0.4 ms
+on a 2-core CPU), or once the correction has faded by REPRICE.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
 
 
+REPRICE = 0.02  # an AR-playing gate re-prices once its correction has moved this much since its last pricing
 # a try of drafting that accepts at least this share of its forecast says the text has changed (random
 # words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
 PROMISING = 0.5
@@ -117,12 +120,15 @@ class DraftGate:
     # draft's context pass runs over them; the engine sets the prompt's at admission
     context_row_ms: float = 0.0  # the drafter's context pass, ms per row (the engine's measurement)
     inherited: bool = False  # holds another request's evidence: decides from the table from its first round
+    memory: float = 16.0  # with a pool: half-life, in committed tokens, of this request's acceptance evidence
+    pool: EngineEvidence | None = None  # the engine's pooled evidence: the correction shrinks to its ratio
     backoff: ProbeBackoff = field(init=False)
     _rates: tuple[float, float] | None = None  # (drafted, AR) tokens/ms at the last pricing by `costs`
     _held: int = 0             # AR rounds drafting was priced to win but could not repay its one-off pass
     _since_other: int = 0      # rounds since the arm not being played last ran
     _best: bool = True         # best_is_speculate() as of the last record that priced it
     _stale: int = 0            # records since then
+    _priced_at: float = 1.0    # the correction at that pricing
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -146,10 +152,13 @@ class DraftGate:
         if expected is not None and expected < 1:
             raise ValueError(f"a drafted round's expected committed length is >= 1, got {expected}")
         tokens = float(committed)
+        fade = 1.0 if self.pool is None else 0.5 ** (committed / self.memory)  # fades to the engine's ratio
+        self.realized, self.predicted = self.realized * fade, self.predicted * fade
         cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
         probe = drafted and not self._best and not cold  # a try of drafting while AR was played
         if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
-            self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now
+            self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now,
+            self.pool = None  # nor does the engine's pool (alone: this request's old text); from here on as cold
         if drafted and expected is not None:
             self.realized += committed - 1
             self.predicted += expected - 1
@@ -161,8 +170,10 @@ class DraftGate:
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
-        if drafted or self.costs is None or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed:
-            self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price as rarely as they try
+        if (drafted or self.costs is None or abs(self.correction - self._priced_at) > REPRICE
+                or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
+            self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price as rarely as they try,
+            self._priced_at = self.correction  # or once the evidence has faded towards the engine's
         if probe:
             self.backoff.record(still_ar=not self._best)
         elif drafted and self._best:
@@ -171,15 +182,16 @@ class DraftGate:
         self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 
-
     @property
     def correction(self) -> float:
-        """Realized / predicted accepted tokens of this request, shrunk to 1 by the prior."""
-        return (self.realized + self.prior_tokens) / (self.predicted + self.prior_tokens)
+        """Realized / predicted accepted tokens of this request (faded, `memory`), shrunk by
+        `prior_tokens` to the engine's pooled ratio (1 without a pool)."""
+        prior = 1.0 if self.pool is None else self.pool.ratio()
+        return (self.realized + self.prior_tokens * prior) / (self.predicted + self.prior_tokens)
 
     def speculate_tokens(self) -> float:
         """Forecast committed tokens of a drafted round, corrected by this request's realized rate."""
-        return 1.0 + (self.speculate.tokens - 1.0) * (self.correction if self.predicted > 0 else 1.0)
+        return 1.0 + (self.speculate.tokens - 1.0) * self.correction
 
     def best_is_speculate(self) -> bool:
         """The arm with the higher tokens/ms: priced by `costs` where given, else measured
@@ -195,16 +207,14 @@ class DraftGate:
         spec, ar = self.speculate, self.autoregressive  # ar.ms > 0 once AR has run
         return spec.ms > 0 and self.speculate_tokens() / spec.ms >= ar.tokens / ar.ms
 
-    def inherit(self, other: EngineEvidence, pseudo_tokens: float = 4.0) -> None:
-        """Start from the engine's pooled evidence: its typical masses, and its realized / predicted
-        acceptance shrunk to `pseudo_tokens` predicted tokens. Under load this request then decides
-        from the table at once instead of paying a drafted first round."""
+    def inherit(self, other: EngineEvidence) -> None:
+        """Start from the engine's pooled evidence: its typical masses; its realized / predicted
+        acceptance is this request's prior from now on (`correction`). Under load this request
+        then decides from the table at once instead of paying a drafted first round."""
+        self.pool = other
         if other.masses is None:
             return
         self.masses, self.packed, self.inherited = other.masses.copy(), other.packed, True
-        if other.predicted > 0:
-            shrink = min(1.0, pseudo_tokens / other.predicted)
-            self.realized, self.predicted = other.realized * shrink, other.predicted * shrink
         self.backoff.confirmed = other.confirmed  # the engine's tries so far: continuous arrivals keep them
         self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 
@@ -212,7 +222,7 @@ class DraftGate:
         """This request's typical prefix masses, scaled by its realized / predicted acceptance."""
         if self.masses is None:
             return None
-        return np.minimum(self.masses * (self.correction if self.predicted > 0 else 1.0), 1.0)
+        return np.minimum(self.masses * self.correction, 1.0)
 
     def draft_next(self) -> bool:
         """Whether the next round drafts."""

@@ -40,6 +40,10 @@ class EngineEvidence:
         if not 0 < self.alpha <= 1 or not 0 < self.decay <= 1:
             raise ValueError(f"EngineEvidence needs 0 < alpha <= 1 and 0 < decay <= 1, got {self.alpha}, {self.decay}")
 
+    def ratio(self, prior_tokens: float = 1.0) -> float:
+        """Realized / predicted accepted tokens, shrunk to 1 by `prior_tokens` (1 with nothing drafted)."""
+        return (self.realized + prior_tokens) / (self.predicted + prior_tokens)
+
     def add(self, committed: int, expected: float, masses: np.ndarray, packed: int, confirmed: int) -> None:
         """One drafted auto round of one request: committed tokens, its forecast committed length,
         its sorted prefix masses and packed tokens, and that request's backoff level after it."""

@@ -49,3 +49,39 @@ def test_old_acceptance_decays_and_masses_blend_descending():
 def test_bad_input_is_refused(call):
     with pytest.raises(ValueError, match="EngineEvidence|drafted round"):
         call()
+
+
+def test_a_request_turned_to_ar_by_a_poor_opening_re_prices_on_the_engines_ratio_as_its_evidence_fades():
+    """MT-Bench at B = 1: an answer's first blocks accept nothing, the gate turns to AR; the engine's
+    pooled ratio says this head pays on the domain, so once the opening's evidence has faded (a few
+    `memory` half-lives of AR tokens) the gate drafts again without waiting for a lucky try. A
+    standalone gate (no pool) keeps its evidence: nothing to fade towards."""
+    pool = EngineEvidence()
+    for _ in range(40):  # the domain: the head's forecasts come true
+        pool.add(4, 3.7, MASSES, 5, confirmed=0)
+    gate, alone = DraftGate(costs=_table(), probe_every=10_000), DraftGate(costs=_table(), probe_every=10_000)
+    gate.inherit(pool)
+    for g in (gate, alone):
+        for _ in range(6):  # the opening: forecasts of 2.7 tokens, none accepted
+            g.record(True, 1, 30.0, expected=3.7, packed=5, masses=MASSES)
+        assert g.correction < 0.5 and not g.best_is_speculate()
+    for _ in range(3 * 16):  # AR rounds: three half-lives of committed tokens
+        gate.record(False, 1, 20.0)
+        alone.record(False, 1, 20.0)
+    assert gate.correction > 2 * alone.correction and gate.draft_next()  # faded towards the pool's ~1.1
+    assert alone.correction < 0.3 and not alone._best
+
+
+def test_a_try_that_finds_the_text_changed_restarts_without_the_pool():
+    """Alone, the pool holds this request's own old text: a promising try leaves it, as it leaves the
+    request's own evidence, so a head that is right again is not held off by what it got wrong."""
+    pool = EngineEvidence()
+    for _ in range(40):
+        pool.add(1, 3.7, MASSES, 5, confirmed=2)  # the old text: nothing accepted
+    gate = DraftGate(costs=_table(), probe_every=4)
+    gate.inherit(pool)
+    assert not gate.best_is_speculate()
+    while not gate.draft_next():
+        gate.record(False, 1, 20.0)
+    gate.record(True, 4, 30.0, expected=3.7, packed=5, masses=MASSES)  # the try accepts 3 of 2.7
+    assert gate.pool is None and gate.correction > 1.0 and gate._best  # drafting on (after one AR re-read)
