@@ -26,6 +26,7 @@ import torch
 
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.engine_evidence import EngineEvidence
+from cast_trtllm.probe_backoff import PROBE_SHARE
 from cast_trtllm.load_probe import LoadProbe
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
@@ -161,8 +162,13 @@ class LLMEngine:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and not any(s.method != "ar" and s.gate is None
                                                                        for s in batch):  # none drafts anyway
-            wants = wanting(gated)  # priced as the round runs them
-            if not self.load_probe.subset_pays([s.gate.typical_masses() for s in wants], len(batch)):
+            wants, cheap = wanting(gated), PROBE_SHARE * self.cost.round_ms(1, len(batch), drafted=False)
+            others = [s for s in gated if not s.draft_next and s.gate.masses is not None and s.gate.once_ms <= cheap]
+            wm, om = [s.gate.typical_masses() for s in wants], [s.gate.typical_masses() for s in others]
+            if self.load_probe.join_pays(wm, om, len(batch)):  # priced as the round runs them
+                for s in others:
+                    s.draft_next = True
+            elif not self.load_probe.subset_pays(wm, len(batch)):
                 for s in wants:
                     s.draft_next = False
         if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):

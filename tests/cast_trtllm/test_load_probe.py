@@ -73,6 +73,18 @@ def test_only_a_few_requests_drafting_in_a_big_batch_must_pay_for_their_draft_pa
     assert probe.subset_pays([], 8)  # nobody asked: nothing to refuse
 
 
+def test_requests_playing_ar_join_a_round_that_drafts_where_their_few_best_nodes_pay_for_their_draft_rows():
+    """In a round that drafts anyway every row is padded to its bucket: gates that priced drafting just
+    under AR (each as if the whole batch drafted like it) join where the pooled round gains more
+    than their share of the draft pass costs; requests whose masses add nothing stay out."""
+    probe = LoadProbe(_table(24.0, draft_ms=10.0))
+    probe.costs.observe_draft(5.0, batch=4)  # the draft pass grows with the requests that draft
+    middling = [np.array([0.6, 0.4, 0.3])] * 4
+    assert probe.join_pays(MASSES[:4], middling, 8)
+    assert not probe.join_pays(MASSES[:4], TINY[:4], 8)  # 0.12 more tokens for 5 ms more drafting
+    assert not probe.join_pays([], middling, 8) and not probe.join_pays(MASSES[:4], [], 8)
+
+
 @pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5}])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="LoadProbe"):
