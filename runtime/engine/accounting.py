@@ -58,6 +58,13 @@ def wanting(seqs: list[Sequence]) -> list[Sequence]:
     return [s for s in seqs if s.gate is not None and s.draft_next and s.gate.masses is not None]
 
 
+def joiners(seqs: list[Sequence], cheap_ms: float) -> list[Sequence]:
+    """The gated requests playing AR that could join a drafted round: with masses to price them by,
+    and a context pass over their rows since the last draft of at most `cheap_ms`."""
+    return [s for s in seqs if s.gate is not None and not s.draft_next and s.gate.masses is not None
+            and s.gate.once_ms <= cheap_ms]
+
+
 def brief(engine, seq: Sequence):
     """Hand a request's draft gate what its expected-value checks read: the tokens it may still
     commit and the drafter's context pass per row (measured; until then, a block pass per row)."""

@@ -26,8 +26,8 @@ import torch
 
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.engine_evidence import EngineEvidence
-from cast_trtllm.probe_backoff import PROBE_SHARE
 from cast_trtllm.load_probe import LoadProbe
+from cast_trtllm.probe_backoff import PROBE_SHARE
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
 from cast_trtllm.verify import Acceptance
@@ -36,7 +36,7 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account, brief, wanting
+from runtime.engine.accounting import account, brief, joiners, wanting
 from runtime.engine.drafting import draft_scores, feed_contexts
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
@@ -162,10 +162,10 @@ class LLMEngine:
             self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
         if self.load_probe is not None and len(batch) > 1 and not any(s.method != "ar" and s.gate is None
                                                                        for s in batch):  # none drafts anyway
-            wants, cheap = wanting(gated), PROBE_SHARE * self.cost.round_ms(1, len(batch), drafted=False)
-            others = [s for s in gated if not s.draft_next and s.gate.masses is not None and s.gate.once_ms <= cheap]
-            wm, om = [s.gate.typical_masses() for s in wants], [s.gate.typical_masses() for s in others]
-            if self.load_probe.join_pays(wm, om, len(batch)):  # priced as the round runs them
+            wants = wanting(gated)  # priced as the round runs them; AR-playing gates may join them
+            others = joiners(gated, PROBE_SHARE * self.cost.round_ms(1, len(batch), drafted=False)) if wants else []
+            wm = [s.gate.typical_masses() for s in wants]
+            if self.load_probe.join_pays(wm, [s.gate.typical_masses() for s in others], len(batch)):
                 for s in others:
                     s.draft_next = True
             elif not self.load_probe.subset_pays(wm, len(batch)):
