@@ -15,6 +15,13 @@ owned by the engine, decides when every gated request drafts together:
 The same schedule as a request's own gate alone (`cast_trtllm.probe_backoff`), floor included:
 a probe costs at most `PROBE_SHARE` of the AR time between probes.
 
+A probe starts as a screen: only `screen` of the gated requests (at least one; the engine takes
+those whose context pass is cheapest) draft, priced as that few drafting. Only where their fresh
+masses, as if the whole batch drafted like them, price drafting at or above AR does the next round
+try every gated request (`screened`). Trying all 26 of a c = 32 batch at once cost 350 ms over a
+70 ms AR round (a context pass over ~2,000 prompt rows and a draft pass for 26, 2-core CPU), 3% of
+a 48-token run, on text where drafting never paid; a screen of 4 costs a sixth of it.
+
 Between probes, `subset_pays` checks the gates' own choices as the round will run them: each
 gate prices drafting as if the whole batch drafted like it, but when only a few draft (a request
 whose try found its text predictable, gates that priced at an older, smaller batch) those few
@@ -26,6 +33,7 @@ Pure numpy; the engine calls `subset_pays` and `due` before a round and `confirm
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
 
 
 PROBE_PACKED = 4  # tokens per request a probe round is priced at (a small tree)
+SCREEN = 0.125  # the share of the gated requests a probe first tries (at least one)
 
 
 @dataclass(slots=True)
@@ -49,11 +58,16 @@ class LoadProbe:
     # probed while drafting could not pay, and cast:auto gave 0.88x AR against 0.96x with no probe
     # (3 rotated runs each); at 0.9 with max_backoff 5 it probed no more there (perf/results/README.md)
     margin: float = 0.9
+    screen: float = SCREEN
     _since: int = field(default=0, init=False)  # rounds since the last probe
     _backoff: ProbeBackoff = field(init=False)
     _wait: int | None = field(default=None, init=False)  # this wait's length, priced once when it is reached
+    _full: bool = field(default=False, init=False)  # a screen looked promising: the next probe tries every request
+    screening: bool = field(default=False, init=False)  # the probe `trying` sized is a screen
 
     def __post_init__(self) -> None:
+        if not 0 < self.screen <= 1:
+            raise ValueError(f"LoadProbe: screen is a share of the gated requests in (0, 1], got {self.screen}")
         try:
             self._backoff = ProbeBackoff(self.every, self.max_backoff, self.margin)
         except ValueError as e:
@@ -63,18 +77,28 @@ class LoadProbe:
     def interval(self) -> int:
         return self._backoff.interval()
 
+    def trying(self, gated: int) -> int:
+        """How many of `gated` requests the next probe drafts: a screen of a few, or all of them
+        once a screen looked promising (or where the screen would be all of them anyway)."""
+        few = min(gated, max(1, math.ceil(gated * self.screen)))
+        self.screening = not self._full and few < gated
+        return few if self.screening else gated
+
     def due(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
-            horizon: float | None = None) -> bool:
-        """Called once per AR round under load: whether this round should draft for every gated
-        request (at the backoff's interval; at its longest while drafting is priced below
-        `margin` of AR at `batch`, priced once per wait), and only where the probe can pay back
-        (`probe_backoff.try_pays`): once_ms, the drafter's context pass over every gated request's
-        rows since its last draft; horizon, the rounds the batch has left (None: unbounded)."""
+            horizon: float | None = None, trying: int | None = None) -> bool:
+        """Called once per AR round under load: whether this round should draft for `trying` gated
+        requests (None: the whole batch; at the backoff's interval, at its longest while drafting is
+        priced below `margin` of AR at `batch`, priced once per wait; at once after a promising
+        screen), and only where the probe can pay back (`probe_backoff.try_pays`): once_ms, the
+        drafter's context pass over the trying requests' rows since their last draft; horizon, the
+        rounds the batch has left (None: unbounded). masses: every gated request's typical masses."""
         self._since += 1
-        if self._since < self.interval or not masses:
+        if not masses or (self._since < self.interval and not self._full):
             return False
-        ar_ms, probe_ms = self.costs.round_ms(1, batch, drafted=False), self.costs.round_ms(PROBE_PACKED, batch)
-        if self._wait is None:
+        ar_ms, probe_ms = self.costs.round_ms(1, batch, drafted=False), self._probe_ms(batch, trying)
+        if self._full:
+            self._wait = 0
+        elif self._wait is None:
             priced = self.costs.best_rate(_pooled(masses), batch) / self.costs.ar_rate(batch)
             self._wait = self._backoff.interval(priced, try_cost_rounds(ar_ms, probe_ms, once_ms))
         if self._since < self._wait:
@@ -106,8 +130,27 @@ class LoadProbe:
         alone = self.costs.best_rate(_pooled(wants), batch, drafting=min(len(wants), batch))
         return together > max(alone, self.costs.ar_rate(batch))
 
+    def _probe_ms(self, batch: int, trying: int | None) -> float:
+        """A probe round's ms: `trying` of `batch` requests (None: all) pack PROBE_PACKED tokens and
+        draft, the rest one token each (the verify is ragged: priced at its mean pack)."""
+        trying = batch if trying is None else min(trying, batch)
+        packed = -(-(batch + trying * (PROBE_PACKED - 1)) // batch)
+        return self.costs.round_ms(packed, batch, drafted=False) + self.costs.draft_ms(trying)
+
+    def screened(self, tried: Sequence[np.ndarray], batch: int) -> bool:
+        """After a screen: the screened requests' fresh typical masses, as if every request of the
+        batch drafted like them, priced against AR. Promising: the next probe tries them all (True);
+        else the screen confirmed AR (back off)."""
+        if tried:
+            like = [tried[i % len(tried)] for i in range(batch)]
+            self._full = self.costs.best_rate(_pooled(like), batch) >= self.costs.ar_rate(batch)
+        if not self._full:
+            self._backoff.record(still_ar=True)
+        return self._full
+
     def confirmed(self, still_ar: bool) -> None:
-        """After a probe round: AR still wins (back off) or the batch now drafts (reset)."""
+        """After a probe round of every request: AR still wins (back off) or the batch now drafts (reset)."""
+        self._full = False
         self._backoff.record(still_ar)
 
 

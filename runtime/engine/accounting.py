@@ -3,6 +3,8 @@ model's readings, and each draft gate's record of what its round cost and commit
 
 from __future__ import annotations
 
+import numpy as np
+
 from cast_trtllm.spec_config import AUTO
 from cast_trtllm.tree import Tree
 from runtime.engine.sequence import Sequence
@@ -42,14 +44,18 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
             was = id(seq) in drafted
             expected = expected_committed(tree, _beta(engine, seq)) if was else None
             seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                            packed=tree.num_packed if was else None, masses=mass, batch=len(batch))
+                            packed=tree.num_packed if was else None, masses=mass, batch=engine.load)
             seq.draft_next = brief(engine, seq).draft_next()
             if was and mass is not None:  # a drafted auto round: the engine's pooled evidence
                 engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
                                     seq.gate.backoff.confirmed)
-    if engine.probing:  # the batch turns to drafting only if the requests whose tries want it pay together
+    if engine.probing and engine.load_probe.screening:  # a few tried: all try next round if they look promising
+        fresh = {id(s): m for s, m in zip(batch, masses) if m is not None}
+        engine.load_probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers
+                                    if id(s) in fresh], engine.load)
+    elif engine.probing:  # the batch turns to drafting only if the requests whose tries want it pay together
         wants = [s.gate.typical_masses() for s in wanting(batch)]
-        engine.load_probe.confirmed(still_ar=not wants or not engine.load_probe.subset_pays(wants, len(batch)))
+        engine.load_probe.confirmed(still_ar=not wants or not engine.load_probe.subset_pays(wants, engine.load))
 
 
 def wanting(seqs: list[Sequence]) -> list[Sequence]:
@@ -63,6 +69,20 @@ def joiners(seqs: list[Sequence], cheap_ms: float) -> list[Sequence]:
     and a context pass over their rows since the last draft of at most `cheap_ms`."""
     return [s for s in seqs if s.gate is not None and not s.draft_next and s.gate.masses is not None
             and s.gate.once_ms <= cheap_ms]
+
+
+def scout(engine, cold: list[Sequence], batch: int) -> None:
+    """Under load, auto requests with no masses of their own (a cold engine's first wave) do not all
+    draft to learn them: once any request has drafted they inherit its masses and the table decides;
+    until then only the oldest (the scout) drafts."""
+    source = engine.evidence
+    for i, s in enumerate(cold):
+        if source.masses is not None:
+            s.gate.batch = batch
+            s.gate.inherit(source)
+            s.draft_next = brief(engine, s).draft_next()
+        elif i > 0:
+            s.draft_next = False
 
 
 def brief(engine, seq: Sequence):

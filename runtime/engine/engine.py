@@ -36,7 +36,7 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account, brief, joiners, wanting
+from runtime.engine.accounting import account, brief, joiners, scout, wanting
 from runtime.engine.drafting import draft_scores, feed_contexts
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
@@ -77,7 +77,8 @@ class LLMEngine:
         self.clock = Stopwatch(self.target.device)
         self.active: list[Sequence] = []
         self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
-        self.probing = False  # this round is the load probe's
+        self.probing, self.probers = False, []  # this round is the load probe's; the requests it tries
+        self.load = 0  # live requests this round, prompts still prefilling included
         self.evidence = EngineEvidence()  # drafted auto rounds, pooled over requests: new requests start from it
         self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # CPU: host search
         self.prompt_context_ms = 0.0  # this round's drafter context pass over first drafts' prompts (prefill-like)
@@ -148,48 +149,40 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one round
     def _drafts(self, batch: list[Sequence]) -> list[Sequence]:
-        """The requests that draft this round (the draft gates, the load probe and max_concurrency decide)."""
-        limit = self.spec.max_concurrency
-        self.probing = False
+        """The requests that draft this round (the draft gates, the load probe and max_concurrency decide).
+        Gates price at the live load (prompts still prefilling included): the batch a drafting request's
+        one-off context pass must pay back in, not the first rounds' few decoding requests."""
+        limit, load = self.spec.max_concurrency, self.load
+        self.probing, self.probers = False, []
         if limit is not None and len(batch) > limit:
             return []
         gated = [s for s in batch if s.gate is not None]
         for s in gated:
-            if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this round's batch
-                s.gate.batch = len(batch)
+            if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this load
+                s.gate.batch = load
                 s.draft_next = brief(self, s).draft_next()
-        if len(batch) > 1:
-            self._scout([s for s in gated if s.budget == AUTO and s.gate.masses is None], len(batch))
-        if self.load_probe is not None and len(batch) > 1 and not any(s.method != "ar" and s.gate is None
+        if load > 1:
+            scout(self, [s for s in gated if s.budget == AUTO and s.gate.masses is None], load)
+        if self.load_probe is not None and load > 1 and not any(s.method != "ar" and s.gate is None
                                                                        for s in batch):  # none drafts anyway
             wants = wanting(gated)  # priced as the round runs them; AR-playing gates may join them
-            others = joiners(gated, PROBE_SHARE * self.cost.round_ms(1, len(batch), drafted=False)) if wants else []
+            others = joiners(gated, PROBE_SHARE * self.cost.round_ms(1, load, drafted=False)) if wants else []
             wm = [s.gate.typical_masses() for s in wants]
-            if self.load_probe.join_pays(wm, [s.gate.typical_masses() for s in others], len(batch)):
+            if self.load_probe.join_pays(wm, [s.gate.typical_masses() for s in others], load):
                 for s in others:
                     s.draft_next = True
-            elif not self.load_probe.subset_pays(wm, len(batch)):
+            elif not self.load_probe.subset_pays(wm, load):
                 for s in wants:
                     s.draft_next = False
-        if self.load_probe is not None and len(batch) > 1 and gated and not any(s.draft_next for s in gated):
+        if self.load_probe is not None and load > 1 and gated and not any(s.draft_next for s in gated):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
-            left = [s.gate.horizon for s in gated if s.gate.horizon is not None]  # every gated request tries at once
-            self.probing = self.load_probe.due(masses, len(batch), sum(s.gate.once_ms for s in gated),
-                                               sum(left) / len(left) if left else None)
-        return [s for s in batch if s.method != "ar" and (s.draft_next or (self.probing and s.gate is not None))]
-
-    def _scout(self, cold: list[Sequence], batch: int) -> None:
-        """Under load, auto requests with no masses of their own (a cold engine's first wave)
-        do not all draft to learn them: once any request has drafted they inherit its masses
-        and the table decides; until then only the oldest (the scout) drafts."""
-        source = self.evidence
-        for i, s in enumerate(cold):
-            if source.masses is not None:
-                s.gate.batch = batch
-                s.gate.inherit(source)
-                s.draft_next = brief(self, s).draft_next()
-            elif i > 0:
-                s.draft_next = False
+            trying = sorted(gated, key=lambda s: s.gate.once_ms)[:self.load_probe.trying(len(gated))]  # cheapest
+            left = [s.gate.horizon for s in trying if s.gate.horizon is not None]
+            self.probing = self.load_probe.due(masses, load, sum(s.gate.once_ms for s in trying),
+                                               sum(left) / len(left) if left else None, len(trying))
+            self.probers = trying if self.probing else []
+        tried = {id(s) for s in self.probers}
+        return [s for s in batch if s.method != "ar" and (s.draft_next or id(s) in tried)]
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -199,6 +192,7 @@ class LLMEngine:
         clock, live = self.clock, self.active
         t0 = clock.now()
         batch = [s for s in live if not s.prefilling]  # decoding; prompts still prefilling get chunks
+        self.load = len(live)  # what gates price at (`_drafts`)
         drafting = self._drafts(batch)
         scores = None
         self.prompt_context_ms = 0.0

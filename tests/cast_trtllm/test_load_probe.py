@@ -85,7 +85,8 @@ def test_requests_playing_ar_join_a_round_that_drafts_where_their_few_best_nodes
     assert not probe.join_pays([], middling, 8) and not probe.join_pays(MASSES[:4], [], 8)
 
 
-@pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5}])
+@pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5},
+                                    {"screen": 0.0}])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="LoadProbe"):
         LoadProbe(_table(60.0), **kwargs)
@@ -99,3 +100,33 @@ def test_a_probe_that_cannot_pay_back_its_context_pass_waits_while_the_batch_fin
         probe = LoadProbe(_table(60.0), every=4)
         fired = _probed(probe, 300, once_ms=500.0, horizon=horizon)
         assert (fired[0] if fired else None) == first
+
+
+def test_a_probe_first_screens_a_few_requests_and_tries_them_all_only_where_the_few_look_promising():
+    """One of 8 tries first (its draft pass and 3 more tokens priced, not 8 drafting at bucket 4); its
+    fresh masses, as if all 8 drafted like it, decide whether the next round tries every request."""
+    probe = LoadProbe(_table(60.0), every=4)
+    assert probe.trying(8) == 1 and probe.screening
+    assert probe.trying(1) == 1 and not probe.screening  # a screen of all is a full probe
+    fired = [i for i in range(40) if probe.due(MASSES, 8, trying=probe.trying(8))]
+    assert fired and fired[0] < 25  # cheaper than the full probe's 25-round floor (test above)
+    assert not probe.screened(TINY[:1], 8)  # hardly a token more: AR confirmed, the wait grows
+    assert probe.interval == 8 and probe.trying(8) == 1
+    probe.costs.observe_draft(1.0, batch=8)
+    for _ in range(3):
+        probe.costs.observe_verify(8 * 4, 21.0, batch=8)  # trees now cost little: the screen finds drafting pays
+    assert probe.screened([np.array([0.95, 0.9, 0.85])], 8)
+    assert probe.trying(8) == 8 and not probe.screening
+    assert probe.due(MASSES, 8, trying=8)  # at once, not after the interval
+    probe.confirmed(still_ar=False)
+    assert probe.trying(8) == 1 and probe.interval == 4
+
+
+def test_a_screen_prices_only_its_few_drafting_requests():
+    """The verify is ragged: 1 of 8 packing 4 tokens is a mean pack of 2, and the draft pass is one
+    request's; 8 of 8 pay bucket 4 and the draft pass for 8."""
+    probe = LoadProbe(_table(60.0, draft_ms=10.0))
+    probe.costs.observe_draft(2.0, batch=1)
+    assert probe._probe_ms(8, 1) == pytest.approx(probe.costs.round_ms(2, 8, drafted=False) + 2.0)
+    assert probe._probe_ms(8, None) == pytest.approx(probe.costs.round_ms(4, 8))
+    assert probe._probe_ms(8, 1) < probe._probe_ms(8, 8)
