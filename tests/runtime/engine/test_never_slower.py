@@ -6,6 +6,7 @@ Greedy output equals AR's in every case."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,8 +45,14 @@ class FixedTable(OnlineCostModel):
         pass
 
 
-def _engine(embedded, drafter) -> LLMEngine:
-    cost = FixedTable(prior={1: 20.0, 16: 37.0, 32: 62.0, 64: 115.0, 128: 220.0}, prior_draft_ms=6.0,
+CPU_TABLE = {1: 20.0, 16: 37.0, 32: 62.0, 64: 115.0, 128: 220.0}
+# a FAKE accelerator's table (none exists on this machine): a pass costs about the same from 1 to
+# 128 tokens (memory-bound decode), so 8 requests drafting pay where the CPU's table says no
+FLAT_TABLE = {1: 20.0, 16: 20.5, 32: 21.0, 64: 22.0, 128: 24.0}
+
+
+def _engine(embedded, drafter, table=CPU_TABLE) -> LLMEngine:
+    cost = FixedTable(prior=table, prior_draft_ms=6.0 if table is CPU_TABLE else 2.0,
                       mass_exponent=drafter.mass_exponent, draft_rows=1 + drafter.num_draft_positions)
     return LLMEngine(embedded.model, drafter, embedded.tokenizer, (), SpecConfig(), lambda prefix: cost, cost)
 
@@ -136,3 +143,36 @@ def test_drafting_comes_back_when_the_text_turns_predictable(embedded, head, ar_
     back = seq.drafted[found[0]:found[0] + 16]
     assert len(back) == 16 and sum(back) >= 0.75 * len(back)  # and drafting stays on
     assert seq.tokens == ar_tokens(ids, 240)
+
+
+CODES = ["def fibonacci(n):", "def factorial(n):", "def is_prime(n):", "def reverse(s):",
+         "def gcd(a, b):", "def bubble_sort(xs):", "def binary_search(xs, x):", "def flatten(xss):"]
+
+
+@pytest.mark.slow
+def test_under_load_a_screen_of_few_finds_the_text_turned_predictable_and_the_batch_drafts_again(
+        embedded, head, ar_tokens):
+    """8 code requests whose drafter is wrong for their first 24 rounds settle on AR; the load
+    probe then screens one request (not all 8) at a time, and once the drafter is right again a
+    screen's fresh masses bring every request to try, and the batch drafts on. Priced by a FAKE
+    accelerator's flat table (`FLAT_TABLE`): on this CPU's own, 8 requests drafting never pay."""
+    engine = _engine(embedded, head, FLAT_TABLE)
+    true = permuted(head)
+    widths = []
+    real = engine._drafts
+    engine._drafts = lambda batch: widths.append(len(out := real(batch))) or out
+    try:
+        seqs = [engine.add_request(Request(_ids(embedded, c), 96, ignore_eos=True)) for c in CODES]
+        for _ in range(24):
+            engine.step()
+    finally:
+        head.draft_ids = true
+    settled = widths[8:24]
+    assert sum(settled) <= 2 and all(w <= 1 for w in settled)  # AR; any probe was a screen of one
+    while engine.active:
+        engine.step()
+    later = widths[24:]
+    assert max(later) == 8  # a promising screen, then all 8 try
+    back = [i for i, w in enumerate(later) if w >= 4]
+    assert back and sum(w >= 4 for w in later[back[0]:back[0] + 16]) >= 12  # and the batch drafts on
+    assert all(s.tokens == ar_tokens(s.request.prompt_ids, 96) for s in seqs)
