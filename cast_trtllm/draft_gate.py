@@ -1,56 +1,40 @@
 """Draft gate: per round, whether speculating pays at all on this deployment, from MEASURED costs.
 
-The width rule picks the best budget N once a block is drafted; it cannot say "do not
-draft". Where the drafter plus a wider verify cost more per committed token than a plain
-autoregressive step (a compute-bound CPU, a head off its training domain), every budget
-loses to AR. The gate compares two arms per request:
-
+The width rule picks the best budget N once a block is drafted; it cannot say "do not draft".
+Where the drafter plus a wider verify cost more per committed token than a plain AR step (a
+compute-bound CPU, a head off its training domain), every budget loses to AR. Per request, two arms:
 - speculate: a drafted round commits R tokens and costs draft + verify(N + 1) + overhead;
 - AR: an undrafted round commits 1 token and costs verify(1) + overhead (the drafter's
   feature cache is caught up at the next drafted round, and billed to it).
+It plays the arm with the higher tokens/ms and tries the other now and then. Prices come from
+`costs` (the engine's `OnlineCostModel`) where given: the width rule's best tree on this request's
+typical masses (EWMA of its drafted rounds' sorted masses x `correction`), draft included, against an
+AR round at ell(1). Without `costs` the arms' own EWMA wall-clock ms decide.
 
-It plays the arm with the higher tokens/ms and tries the other once every `probe_every`
-rounds, so a change of domain or of machine load is noticed. Prices come from `costs`
-(the engine's `OnlineCostModel`) where given: a drafted round is the width rule's best
-tree on this request's typical prefix masses (EWMA of its drafted rounds' sorted masses,
-scaled by its realized / predicted acceptance), draft included, against an AR round at
-ell(1), so the gate never leaves a winning tree unused; a fixed-N request is priced at
-its tree's bucket. Without `costs` (a fixed budget, no learned table) the arms' own EWMA
-wall-clock ms decide.
+Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft pass and a
+padded verify, so the gate plays the table's choice from the first round (on masses inherited from
+the engine's pooled evidence until it has its own) and never probes alone: `LoadProbe` probes for
+the batch. On a cold engine only the oldest auto request drafts (the scout); the others inherit.
 
-Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft
-pass and a padded verify, so the gate plays the table's choice from the first round (on
-masses inherited from the engine's pooled evidence until it has its own) and never
-probes alone: `cast_trtllm.load_probe.LoadProbe` probes for the whole batch at once. On a
-cold engine (nothing to inherit yet) only the oldest auto request drafts (the engine's
-scout); the others inherit its masses the round after.
+A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta) (paper §2),
+not the realized R (1 or much more in one round), scaled by the request's realized / predicted accepted
+tokens shrunk by `prior_tokens` to the engine's pooled ratio; its own evidence fades (half-life `memory`
+tokens), so a gate turned to AR by an answer's unpredictable opening re-prices on the domain's ratio.
 
-A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta)
-(the expected committed length, paper §2), not the realized R: R of one round is 1 or
-much more, and an arm played only at probes would stick on one unlucky sample. The
-forecast is scaled by the request's realized / predicted accepted tokens, shrunk by `prior_tokens`
-to the engine's pooled ratio; its own evidence fades (half-life `memory` tokens), so a gate turned
-to AR by an answer's unpredictable opening re-prices on the domain's ratio (MT-Bench, B = 1, 6 x 48
-tokens: auto 1.01x -> 1.10x AR, cast:3 1.16x). Only which rounds draft.
-
-Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting
-on the schedule `cast_trtllm.probe_backoff.ProbeBackoff` sets (the wait doubles with each try
-that confirms AR, the longest one at once while the table prices drafting far below AR: the
-same rule `LoadProbe` follows under load), and only where the try can pay back: the try's
-extra cost (a drafted round over an AR round, plus the one-off context pass over every row
-committed since the last draft, `once_ms`, at the engine's measured ms per row) must be at
-most `PROBE_GAIN` of the AR time left to the request (`horizon` tokens). Turning drafting on
-from AR must win back that one-off pass within the horizon too. A try that accepts at least
-`PROMISING` of its forecast restarts the request's acceptance evidence from itself (the text
-changed; old evidence would hold a head that is right again off for many tries). A new request inherits the
-engine's pooled evidence (`cast_trtllm.engine_evidence`) and backoff, alone as under load, so continuous
-arrivals do not pay a drafted warm-up per request; only a gate with no evidence at all (a
-cold engine) drafts its first `min_drafted` rounds. Alone, a new request whose inherited
-evidence says AR tries once in its first round (its text is new), where that try costs at
-most PROBE_SHARE of the AR rounds it has left; a try found random words turned predictable
-10 rounds sooner than the inherited backoff's wait (24-token requests, 2-core CPU). AR rounds re-price
-every max(probe_every, batch) rounds, doubled like the waits (a pricing runs the width rule, ~0.4 ms
-on a 2-core CPU), or once the correction has faded by REPRICE.
+Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting on
+`cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR,
+the longest at once while the table prices drafting far below AR: `LoadProbe`'s rule too), and only
+where the try can pay back: its extra cost (a drafted round over an AR round, plus the one-off context
+pass over the rows committed since the last draft, `once_ms`) must be at most `PROBE_GAIN` of the AR
+time left (`horizon` tokens); turning drafting on must win that pass back within the horizon too. A
+try accepting >= `PROMISING` of its forecast restarts the request's evidence from itself (the text
+changed). A new request inherits the engine's pooled evidence (`cast_trtllm.engine_evidence`) and
+backoff, so continuous arrivals pay no drafted warm-up each; only a gate with no evidence at all
+drafts its first `min_drafted` rounds. Alone, a new request whose inherited evidence says AR tries
+once in its first round (its text is new) where that costs at most PROBE_SHARE of its AR rounds left.
+AR rounds re-price every max(probe_every, batch) rounds (doubled like the waits) or once the correction
+faded by REPRICE; drafted ones unless the priced win, scaled by how far the typical masses shrank, still
+wins (`_clear_win`): a pricing runs the width rule, 0.13 ms a request, for every drafting request.
 """
 
 from __future__ import annotations
@@ -116,8 +100,7 @@ class DraftGate:
     batch: int = 1  # live requests in the last round: `costs` prices both arms at this batch
     max_backoff: int = 5  # tries of drafting from AR wait probe_every << (confirming tries), up to this shift
     horizon: int | None = None  # tokens the request may still commit (the engine's; None: unbounded)
-    stale_rows: int = 0  # rows committed since the last drafted round (the prompt's, before any): the next
-    # draft's context pass runs over them; the engine sets the prompt's at admission
+    stale_rows: int = 0  # rows committed since the last draft (the prompt's, set at admission): its context pass
     context_row_ms: float = 0.0  # the drafter's context pass, ms per row (the engine's measurement)
     inherited: bool = False  # holds another request's evidence: decides from the table from its first round
     memory: float = 16.0  # with a pool: half-life, in committed tokens, of this request's acceptance evidence
@@ -129,6 +112,7 @@ class DraftGate:
     _best: bool = True         # best_is_speculate() as of the last record that priced it
     _stale: int = 0            # records since then
     _priced_at: float = 1.0    # the correction at that pricing
+    _mass: float = 0.0         # the typical masses' sum at that pricing
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -170,7 +154,8 @@ class DraftGate:
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
-        if (drafted or self.costs is None or abs(self.correction - self._priced_at) > REPRICE
+        if (not self._clear_win(probe) if drafted else self.costs is None
+                or abs(self.correction - self._priced_at) > REPRICE
                 or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
             self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price as rarely as they try,
             self._priced_at = self.correction  # or once the evidence has faded towards the engine's
@@ -181,6 +166,19 @@ class DraftGate:
         self.stale_rows = 0 if drafted else self.stale_rows + committed
         self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1
+
+    def _clear_win(self, probe: bool) -> bool:
+        """A drafted round need not re-price while the priced win, scaled by how much the typical masses
+        (correction included) shrank since, still wins, for fewer than probe_every rounds."""
+        if probe or not self._best or self._rates is None or self._stale >= self.probe_every or not self._mass:
+            return False
+        return self._rates[0] * self.typical_masses().sum() / self._mass >= self._rates[1]
+
+    @property
+    def scale(self) -> float:
+        """What the width rule scales this request's drafted masses by: the correction, but 1 in a try
+        from AR (scaled by a correction learned on random words, a try's tree shrank to one node)."""
+        return self.correction if self._best else 1.0
 
     @property
     def correction(self) -> float:
@@ -197,7 +195,9 @@ class DraftGate:
         """The arm with the higher tokens/ms: priced by `costs` where given, else measured
         (speculate until AR is measured)."""
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
-            pooled = np.repeat(self.typical_masses(), self.batch)  # every request of the round drafting like this one
+            typical = self.typical_masses()
+            self._mass = float(typical.sum())
+            pooled = np.repeat(typical, self.batch)  # every request of the round drafting like this one
             self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
             return self._rates[0] >= self._rates[1]
         if self.costs is not None and self.packed is not None:

@@ -34,15 +34,15 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
             t.draft_ms += draft_ms
             t.decode_ms += draft_ms
         seq.round_ms.append((t4 - t0) * 1e3 - (t.first_draft_ms if first else 0.0))
+        was = id(seq) in drafted
+        expected = expected_committed(tree, _beta(engine, seq)) if was and (mass is not None or seq.gate) else None
         if mass is not None:  # a drafted auto round: how its forecast compares with what committed
-            seq.forecast += expected_committed(tree, _beta(engine, seq)) - 1.0
+            seq.forecast += expected - 1.0
             seq.accepted += seq.accept_lengths[-1] - 1
         t.verify_ms += verify_ms
         t.overhead_ms += overhead_ms
         t.decode_ms += verify_ms + overhead_ms
         if seq.gate is not None:
-            was = id(seq) in drafted
-            expected = expected_committed(tree, _beta(engine, seq)) if was else None
             seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
                             packed=tree.num_packed if was else None, masses=mass, batch=engine.load)
             seq.draft_next = brief(engine, seq).draft_next()

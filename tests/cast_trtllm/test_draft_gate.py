@@ -262,3 +262,41 @@ def test_alone_a_new_request_on_inherited_ar_evidence_tries_its_new_text_once_wh
         gate = DraftGate(costs=model, horizon=horizon, stale_rows=90, context_row_ms=0.05)
         gate.inherit(donor)
         assert not gate.best_is_speculate() and gate.draft_next() == tries
+
+
+def test_a_drafting_gate_re_prices_only_when_its_masses_shrink_past_the_priced_win():
+    """While drafting wins with room to spare, steady rounds skip the width rule (0.13 ms a request a
+    round); a round whose masses shrink past the priced win re-prices, and so does the probe_every-th."""
+    rich, priced = np.array([0.9, 0.8, 0.7, 0.5, 0.3]), []
+    real = DraftGate.best_is_speculate
+
+    class Counting(DraftGate):
+        def best_is_speculate(self):
+            priced.append(len(drafted))
+            return real(self)
+    gate = Counting(costs=_flat_table(), probe_every=4, alpha=1.0)  # typical masses: the newest round's
+    drafted = []
+    for _ in range(10):
+        gate.record(True, 4, 30.0, expected=1 + rich.sum(), packed=6, masses=rich)
+        drafted.append(gate.draft_next())
+    assert all(drafted) and gate._rates[0] > 1.2 * gate._rates[1]
+    assert len(priced) <= 4  # the first rounds, then once every probe_every
+    n = len(priced)
+    gate.record(True, 1, 30.0, expected=1 + rich.sum(), packed=6, masses=np.full(5, 0.001))  # a collapse
+    assert len(priced) == n + 1 and not gate.draft_next()
+
+
+def test_a_try_from_ar_sizes_its_tree_at_the_drafters_own_forecast():
+    """A gate drafting scales the width rule's masses by its correction; a gate playing AR that tries
+    drafting by 1: a correction learned on random words would shrink the try's tree to a node or none."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    dear = OnlineCostModel(prior={1: 20.0, 128: 400.0}, prior_draft_ms=10.0)  # wide trees cost a lot
+    gate = DraftGate(costs=dear)
+    for _ in range(6):
+        gate.record(True, 1, 30.0, expected=3.0, packed=6, masses=np.array([0.9, 0.8, 0.7, 0.5, 0.3]))
+    assert not gate.draft_next() and gate.correction < 0.5
+    assert gate.scale == 1.0
+    drafting = DraftGate(costs=_flat_table())
+    drafting.record(True, 3, 30.0, expected=2.5, packed=6, masses=np.array([0.9, 0.8, 0.7]))
+    assert drafting.draft_next() and drafting.scale == drafting.correction != 1.0
