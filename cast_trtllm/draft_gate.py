@@ -76,21 +76,16 @@ class ArmStats:
 
 @dataclass(slots=True)
 class DraftGate:
-    """Per-request two-arm choice between a drafted (speculative) round and an AR round.
-
-    The first round speculates (its draft is already made), the second runs AR so both
-    arms are measured; then the better arm by tokens/ms is played. AR is re-measured every
-    `probe_every` drafted rounds; drafting is tried on `ProbeBackoff`'s schedule, where a try
-    can pay back (module docstring).
-    """
+    """Per-request two-arm choice between a drafted (speculative) round and an AR round: the better
+    arm by tokens/ms is played, AR re-measured every `probe_every` drafted rounds, drafting tried on
+    `ProbeBackoff`'s schedule where a try can pay back (module docstring)."""
 
     alpha: float = 0.2         # EWMA weight of the newest round
     probe_every: int = 4       # rounds between tries of the arm not being played
     prior_tokens: float = 2.0  # pseudo-count of the realized / predicted correction
     costs: OnlineCostModel | None = None  # price both arms from this table (else: wall-clock EWMA)
-    min_drafted: int = 4  # with costs: drafted rounds before the gate may turn drafting off (the
-    # first block after a prompt is the least certain; one reading must not decide); not under load
-    # with inherited masses (see the module docstring)
+    min_drafted: int = 4  # with costs, cold: drafted rounds before the gate may turn drafting off (the
+    # first block after a prompt is the least certain; one reading must not decide)
     speculate: ArmStats = field(default_factory=ArmStats)
     autoregressive: ArmStats = field(default_factory=ArmStats)
     realized: float = 0.0      # accepted (non-root) tokens of drafted rounds with a forecast
@@ -140,6 +135,7 @@ class DraftGate:
         self.realized, self.predicted = self.realized * fade, self.predicted * fade
         cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
         probe = drafted and not self._best and not cold  # a try of drafting while AR was played
+        pool, new_text = self.pool, probe and self.inherited and self.rounds == (0, 0)  # `_new_text_try_pays`'
         if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
             self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now,
             self.pool = None  # nor does the engine's pool (alone: this request's old text); from here on as cold
@@ -161,6 +157,8 @@ class DraftGate:
             self._priced_at = self.correction  # or once the evidence has faded towards the engine's
         if probe:
             self.backoff.record(still_ar=not self._best)
+        if new_text and pool is not None:
+            pool.new_text_tried(found=self.pool is None or self._best)
         elif drafted and self._best:
             self.backoff.record(still_ar=False)  # drafting is on: a later turn to AR starts the waits afresh
         self.stale_rows = 0 if drafted else self.stale_rows + committed
@@ -252,12 +250,14 @@ class DraftGate:
         return self._since_other >= self.probe_wait() and self._probe_pays()
 
     def _new_text_try_pays(self) -> bool:
-        """A new request alone inherits the engine's evidence, but its text is new: it tries drafting
-        in its first round where that try costs at most PROBE_SHARE of the AR rounds it has left."""
+        """A new request alone inherits the engine's evidence, but its text is new: it tries drafting in its
+        first round where that costs at most PROBE_SHARE of its AR rounds left, and the engine's new-text
+        tries are due (`EngineEvidence.new_text_due`: ever fewer arrivals try while such tries find AR)."""
         if self.horizon is None:
             return False
         drafted_ms, ar_ms = self._ms()
-        return try_cost_rounds(ar_ms, drafted_ms, self.once_ms) <= PROBE_SHARE * self.horizon and self._probe_pays()
+        cheap = try_cost_rounds(ar_ms, drafted_ms, self.once_ms) <= PROBE_SHARE * self.horizon
+        return cheap and self._probe_pays() and (self.pool is None or self.pool.new_text_due())
 
     def probe_wait(self) -> int:
         """AR rounds between tries of drafting (`ProbeBackoff`: longer after each try that confirmed AR)."""

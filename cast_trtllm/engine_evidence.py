@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+NEW_TEXT_EVERY = 8  # at most this many arrivals between new-text tries (`EngineEvidence.new_text_due`)
+
 
 def blend(old: np.ndarray | None, new: np.ndarray, alpha: float) -> np.ndarray:
     """EWMA of descending mass vectors (zero-padded to the longer): it stays descending."""
@@ -35,6 +37,8 @@ class EngineEvidence:
     realized: float = 0.0  # decayed accepted (non-root) tokens
     predicted: float = 0.0  # their decayed forecast
     confirmed: int = 0  # tries in a row that confirmed AR, as the last drafted request's backoff counts them
+    new_text_misses: int = 0  # new requests' first-round tries in a row that found AR (`new_text_due`)
+    arrivals: int = 0  # new requests since the last such try
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1 or not 0 < self.decay <= 1:
@@ -53,3 +57,15 @@ class EngineEvidence:
         self.predicted = self.decay * self.predicted + expected - 1
         self.masses = blend(self.masses, masses, self.alpha)
         self.packed, self.confirmed = packed, confirmed
+
+    def new_text_due(self) -> bool:
+        """Whether a new request alone whose inherited evidence says AR tries its new text at once: every
+        arrival at first, then every 2nd, 4th, up to every NEW_TEXT_EVERY-th while such tries find AR. On
+        text no width pays (24-token requests, T = 1, 2-core CPU) each try cost ~1.4 AR rounds of 24."""
+        due = self.arrivals >= min(1 << self.new_text_misses, NEW_TEXT_EVERY) - 1
+        self.arrivals = 0 if due else self.arrivals + 1
+        return due
+
+    def new_text_tried(self, found: bool) -> None:
+        """A new request's first-round try found drafting paying (or its text changed), or AR."""
+        self.new_text_misses = 0 if found else self.new_text_misses + 1

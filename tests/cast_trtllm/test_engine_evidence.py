@@ -85,3 +85,20 @@ def test_a_try_that_finds_the_text_changed_restarts_without_the_pool():
         gate.record(False, 1, 20.0)
     gate.record(True, 4, 30.0, expected=3.7, packed=5, masses=MASSES)  # the try accepts 3 of 2.7
     assert gate.pool is None and gate.correction > 1.0 and gate._best  # drafting on (after one AR re-read)
+
+
+def test_new_text_tries_come_ever_more_rarely_while_they_find_ar_and_every_arrival_once_one_finds_drafting():
+    pool = EngineEvidence()
+
+    def due(n: int) -> list[bool]:
+        return [pool.new_text_due() for _ in range(n)]
+    assert due(3) == [True] * 3
+    pool.new_text_tried(found=False)
+    assert due(4) == [False, True, False, True]  # every 2nd
+    pool.new_text_tried(found=False)
+    assert due(8) == [False, False, False, True] * 2  # every 4th
+    for _ in range(5):
+        pool.new_text_tried(found=False)
+    assert due(16) == ([False] * 7 + [True]) * 2  # at most every 8th (NEW_TEXT_EVERY)
+    pool.new_text_tried(found=True)
+    assert due(2) == [True, True]
