@@ -173,10 +173,10 @@ class DraftGate:
         return self._rates[0] * self.typical_masses().sum() / self._mass >= self._rates[1]
 
     @property
-    def scale(self) -> float:
-        """What the width rule scales this request's drafted masses by: the correction, but 1 in a try
-        from AR (scaled by a correction learned on random words, a try's tree shrank to one node)."""
-        return self.correction if self._best else 1.0
+    def trying(self) -> bool:
+        """Whether a drafted round now is a try from AR: its tree is sized at the drafter's own forecast
+        (shrunk by acceptance learned on random words, a try's tree fell to one node or none)."""
+        return not self._best
 
     @property
     def correction(self) -> float:

@@ -248,7 +248,8 @@ class LLMEngine:
                               host=not self.device_trees)  # [B', L, K]
         args = ([s.method for s in drafting], [s.budget for s in drafting],
                 [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width,
-                [s.acceptance_scale if s.gate is None else s.gate.scale for s in drafting])
+                [1.0 if s.gate is not None and s.gate.trying and self.load == 1 else s.acceptance_scale
+                 for s in drafting])
         drafts_now = {id(s) for s in drafting}
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:

@@ -287,16 +287,15 @@ def test_a_drafting_gate_re_prices_only_when_its_masses_shrink_past_the_priced_w
 
 
 def test_a_try_from_ar_sizes_its_tree_at_the_drafters_own_forecast():
-    """A gate drafting scales the width rule's masses by its correction; a gate playing AR that tries
-    drafting by 1: a correction learned on random words would shrink the try's tree to a node or none."""
+    """A gate playing AR marks its drafted round a try (the engine sizes its tree unscaled: acceptance
+    learned on random words would shrink it to a node or none); a drafting gate's rounds are not."""
     from cast_trtllm.cost_model import OnlineCostModel
 
     dear = OnlineCostModel(prior={1: 20.0, 128: 400.0}, prior_draft_ms=10.0)  # wide trees cost a lot
     gate = DraftGate(costs=dear)
     for _ in range(6):
         gate.record(True, 1, 30.0, expected=3.0, packed=6, masses=np.array([0.9, 0.8, 0.7, 0.5, 0.3]))
-    assert not gate.draft_next() and gate.correction < 0.5
-    assert gate.scale == 1.0
+    assert not gate.draft_next() and gate.correction < 0.5 and gate.trying
     drafting = DraftGate(costs=_flat_table())
     drafting.record(True, 3, 30.0, expected=2.5, packed=6, masses=np.array([0.9, 0.8, 0.7]))
-    assert drafting.draft_next() and drafting.scale == drafting.correction != 1.0
+    assert drafting.draft_next() and not drafting.trying
