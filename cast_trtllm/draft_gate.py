@@ -157,10 +157,10 @@ class DraftGate:
             self._priced_at = self.correction  # or once the evidence has faded towards the engine's
         if probe:
             self.backoff.record(still_ar=not self._best)
-        if new_text and pool is not None:
-            pool.new_text_tried(found=self.pool is None or self._best)
         elif drafted and self._best:
             self.backoff.record(still_ar=False)  # drafting is on: a later turn to AR starts the waits afresh
+        if new_text and pool is not None:
+            pool.new_text_tried(found=self.pool is None or self._best)
         self.stale_rows = 0 if drafted else self.stale_rows + committed
         self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1

@@ -35,7 +35,8 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
             t.decode_ms += draft_ms
         seq.round_ms.append((t4 - t0) * 1e3 - (t.first_draft_ms if first else 0.0))
         was = id(seq) in drafted
-        expected = expected_committed(tree, _beta(engine, seq)) if was and (mass is not None or seq.gate) else None
+        priced = was and (mass is not None or seq.gate is not None)  # its forecast, computed once
+        expected = expected_committed(tree, _beta(engine, seq)) if priced else None
         if mass is not None:  # a drafted auto round: how its forecast compares with what committed
             seq.forecast += expected - 1.0
             seq.accepted += seq.accept_lengths[-1] - 1
