@@ -45,10 +45,11 @@ def try_cost_rounds(ar_ms: float, drafted_ms: float, once_ms: float) -> float:
     return (max(drafted_ms - ar_ms, 0.0) + once_ms) / ar_ms if ar_ms > 0 else 0.0
 
 
-def try_pays(horizon: float, ar_ms: float, drafted_ms: float, once_ms: float) -> bool:
-    """Whether a try of drafting can pay back: PROBE_GAIN of `horizon` AR rounds of `ar_ms` covers the
-    drafted round's extra ms and the one-off context pass `once_ms`."""
-    return PROBE_GAIN * horizon * ar_ms >= max(drafted_ms - ar_ms, 0.0) + once_ms
+def try_pays(horizon: float, ar_ms: float, drafted_ms: float, once_ms: float, gain: float = PROBE_GAIN) -> bool:
+    """Whether a try of drafting can pay back: `gain` (a share of the AR time; PROBE_GAIN where the
+    try's outcome is unknown) of `horizon` AR rounds of `ar_ms` covers the drafted round's extra ms and
+    the one-off context pass `once_ms`."""
+    return gain * horizon * ar_ms >= max(drafted_ms - ar_ms, 0.0) + once_ms
 
 
 @dataclass(slots=True)

@@ -44,19 +44,37 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
         t.overhead_ms += overhead_ms
         t.decode_ms += verify_ms + overhead_ms
         if seq.gate is not None:
-            seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                            packed=tree.num_packed if was else None, masses=mass, batch=engine.load)
+            seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,  # a screen's empty
+                            packed=tree.num_packed if was and tree.size else None, masses=mass, batch=engine.load)
             seq.draft_next = brief(engine, seq).draft_next()
             if was and mass is not None:  # a drafted auto round: the engine's pooled evidence
                 engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
                                     seq.gate.backoff.confirmed)
     if engine.probing and engine.load_probe.screening:  # a few tried: all try next round if they look promising
         fresh = {id(s): m for s, m in zip(batch, masses) if m is not None}
+        gated = [s.gate for s in batch if s.gate is not None]
+        left = [g.horizon for g in gated if g.horizon is not None]
         engine.load_probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers
-                                    if id(s) in fresh], engine.load)
+                                    if id(s) in fresh], engine.load, sum(g.once_ms for g in gated),
+                                   sum(left) / len(left) if left else None)
     elif engine.probing:  # the batch turns to drafting only if the requests whose tries want it pay together
         wants = [s.gate.typical_masses() for s in wanting(batch)]
-        engine.load_probe.confirmed(still_ar=not wants or not engine.load_probe.subset_pays(wants, engine.load))
+        still_ar = not wants or not engine.load_probe.subset_pays(wants, engine.load)
+        engine.load_probe.confirmed(still_ar)
+        if not still_ar:
+            engine.guard.lift()
+    guard(engine, batch, drafting, (t4 - t0) * 1e3 - engine.prompt_context_ms)
+
+
+def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: float) -> None:
+    """Under load, the round's measured cost against AR's (`RealizedGuard`); the gates' own drafted
+    rounds only (a probe's try is the probe's cost). A veto backs the load probe off."""
+    if engine.guard is None or len(batch) < 2 or (drafting and engine.probing) or wall_ms <= 0:
+        return
+    committed = sum(max(s.accept_lengths[-1], 1) for s in batch)
+    ar_ms = engine.cost.round_ms(1, len(batch), drafted=False)
+    if engine.guard.observe(bool(drafting), len(batch), committed, wall_ms, ar_ms):
+        engine.load_probe.confirmed(still_ar=True)
 
 
 def wanting(seqs: list[Sequence]) -> list[Sequence]:

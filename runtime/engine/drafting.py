@@ -37,3 +37,15 @@ def draft_scores(drafter, states: list, roots: list[int]) -> DraftScores:
         return drafter.draft_scores(states, roots)
     logits = drafter.draft(states, roots)
     return DraftScores(logits, None, logits.shape[-1])
+
+
+def tree_scales(engine, drafting: list) -> list[float]:
+    """What each drafting request's masses are scaled by before its tree is sized: a gate's correction
+    (its realized / predicted acceptance, applied once); 1 for a try alone (scaled by acceptance learned
+    on random words, a try's tree fell to one node or none and could not find text turned predictable);
+    0 for a load probe's screen: one node, the cheapest tree whose verify still reads acceptance (the pass
+    pads every request to the widest pack: 2 of 16 requests with 3 nodes, 73 ms; with 1, 54 ms; AR 37 ms,
+    2-core CPU); other methods: their acceptance."""
+    screen = {id(s) for s in engine.probers} if engine.probing and engine.load_probe.screening else set()
+    return [s.acceptance_scale if s.gate is None else 0.0 if id(s) in screen
+            else 1.0 if s.gate.trying and engine.load == 1 else s.gate.correction for s in drafting]

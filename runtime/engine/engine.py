@@ -28,6 +28,7 @@ from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.engine_evidence import EngineEvidence
 from cast_trtllm.load_probe import LoadProbe
 from cast_trtllm.probe_backoff import PROBE_SHARE
+from cast_trtllm.realized_guard import RealizedGuard
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
 from cast_trtllm.verify import Acceptance
@@ -37,7 +38,7 @@ from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
 from runtime.engine.accounting import account, brief, joiners, scout, wanting
-from runtime.engine.drafting import draft_scores, feed_contexts
+from runtime.engine.drafting import draft_scores, feed_contexts, tree_scales
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
 from runtime.engine.walks import HostReads, host_walk, queue_taps, walk_round
@@ -78,6 +79,7 @@ class LLMEngine:
         self.active: list[Sequence] = []
         self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
         self.probing, self.probers = False, []  # this round is the load probe's; the requests it tries
+        self.guard = None if cost is None else RealizedGuard()  # under load: drafting that measured slower stops
         self.load = 0  # live requests this round, prompts still prefilling included
         self.evidence = EngineEvidence()  # drafted auto rounds, pooled over requests: new requests start from it
         self.host_reads, self.device_trees = HostReads(), self.target.device.type == "cuda"  # CPU: host search
@@ -163,6 +165,9 @@ class LLMEngine:
                 s.draft_next = brief(self, s).draft_next()
         if load > 1:
             scout(self, [s for s in gated if s.budget == AUTO and s.gate.masses is None], load)
+        if load > 1 and self.guard is not None and self.guard.vetoed:  # until a probe confirms drafting
+            for s in gated:
+                s.draft_next = False
         if self.load_probe is not None and load > 1 and not any(s.method != "ar" and s.gate is None
                                                                        for s in batch):  # none drafts anyway
             wants = wanting(gated)  # priced as the round runs them; AR-playing gates may join them
@@ -248,8 +253,7 @@ class LLMEngine:
                               host=not self.device_trees)  # [B', L, K]
         args = ([s.method for s in drafting], [s.budget for s in drafting],
                 [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width,
-                [1.0 if s.gate is not None and s.gate.trying and self.load == 1 else s.acceptance_scale
-                 for s in drafting])
+                tree_scales(self, drafting))
         drafts_now = {id(s) for s in drafting}
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:

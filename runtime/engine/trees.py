@@ -40,10 +40,10 @@ def choose_trees(
     lp: np.ndarray,  # [B, L, K]
     spec: SpecConfig,
     width: WidthSource | None,
-    scales: Sequence[float],  # per request: realized / forecast acceptance so far (1 in a gate's try)
+    scales: Sequence[float],  # per request: realized / forecast acceptance (a gate's correction; 0: one node)
 ) -> tuple[list[Tree], list[np.ndarray | None]]:
     """One tree per drafted request (same order as `methods`), and the sorted prefix masses
-    each `auto` request's tree was chosen from (None for the others). auto's widths are
+    each `auto` request's tree was chosen from, as drafted, before its scale (None for the others). auto's widths are
     `device_trees`' (`_auto_sizes`), from each request's best-first candidates on the host."""
     trees: list[Tree | None] = [None] * len(methods)
     masses: list[np.ndarray | None] = [None] * len(methods)
@@ -136,13 +136,22 @@ def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: Wid
     masses, split by global best-first mass (Proposition 2), each capped at max_request_width and at
     the per-request width the rule priced."""
     limit = min(rule.max_budget * len(auto), spec.max_nodes(L) * len(auto))
+    scaled = []
     for j, b in enumerate(auto):
-        mass = np.exp(score[j][np.isfinite(score[j])][: limit // len(auto)])
-        masses[b] = np.minimum(mass * scales[b], 1.0)
+        masses[b] = np.exp(score[j][np.isfinite(score[j])][: limit // len(auto)])  # as drafted: a gate
+        scaled.append(np.minimum(masses[b] * scales[b], 1.0))  # scales them by its own correction (once)
     if len(auto) == 1:
-        sizes[auto[0]] = min(int(rule.choose(masses[auto[0]], batch=1).budget), len(masses[auto[0]]))
-        return
-    pooled = np.sort(np.concatenate([masses[b] for b in auto]))[::-1][:limit]
+        sizes[auto[0]] = min(int(rule.choose(scaled[0], batch=1).budget), len(scaled[0]))
+    else:
+        _split(auto, score, depth, rule, spec, scaled, limit, sizes)
+    for b in auto:  # scale 0, a screen: one node, the cheapest verify that still reads acceptance
+        sizes[b] = min(1, len(masses[b])) if scales[b] == 0 else sizes[b]
+
+
+def _split(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: WidthChooser, spec: SpecConfig,
+           scaled: list[np.ndarray], limit: int, sizes: list[int]) -> None:
+    """Several auto requests: ONE budget from their pooled scaled masses, split by global best-first mass."""
+    pooled = np.sort(np.concatenate(scaled))[::-1][:limit]
     choice = rule.choose(pooled, batch=len(auto))
     total, bucket = int(choice.budget), getattr(choice, "bucket", None)
     # the rule priced every pack padded to `bucket` tokens: none may be wider, since the pass pads every

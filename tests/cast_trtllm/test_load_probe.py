@@ -122,11 +122,25 @@ def test_a_probe_first_screens_a_few_requests_and_tries_them_all_only_where_the_
     assert probe.trying(8) == 1 and probe.interval == 4
 
 
-def test_a_screen_prices_only_its_few_drafting_requests():
-    """The verify is ragged: 1 of 8 packing 4 tokens is a mean pack of 2, and the draft pass is one
-    request's; 8 of 8 pay bucket 4 and the draft pass for 8."""
+def test_a_screen_prices_one_node_for_its_few_and_their_draft_pass():
+    """A screen verifies one node for each of its few: the pass pads all 8 rows to 2 tokens, and pays
+    the draft pass of its few; 8 of 8 pay bucket 4 and the draft for 8."""
     probe = LoadProbe(_table(60.0, draft_ms=10.0))
     probe.costs.observe_draft(2.0, batch=1)
     assert probe._probe_ms(8, 1) == pytest.approx(probe.costs.round_ms(2, 8, drafted=False) + 2.0)
     assert probe._probe_ms(8, None) == pytest.approx(probe.costs.round_ms(4, 8))
     assert probe._probe_ms(8, 1) < probe._probe_ms(8, 8)
+
+
+def test_a_promising_screen_tries_them_all_only_where_the_priced_gain_repays_that_probe():
+    """Screened masses priced 8% above AR (8 x 3.78 tokens in 60 + 10 ms against 8 in 20 ms): a probe
+    of all 8 costs 50 ms more than an AR round plus their context pass, 400 ms; the 7.4% of AR time it
+    saves over 40 rounds (59 ms) cannot repay it, over 1,000 rounds (1.5 s) it can. Without a horizon
+    (unbounded) it is tried."""
+    fresh = [np.array([0.97, 0.93, 0.88])]
+    for horizon, full in ((40, False), (1000, True), (None, True)):
+        probe = LoadProbe(_table(60.0), every=4)
+        rate, ar = probe.costs.best_rate(np.repeat(fresh[0], 8), 8), probe.costs.ar_rate(8)
+        assert 1.0 < rate / ar < 1.1
+        assert probe.screened(fresh, 8, once_ms=400.0, horizon=horizon) is full
+        assert probe.interval == (4 if full else 8)  # a screen that does not lead on confirmed AR

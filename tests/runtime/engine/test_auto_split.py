@@ -54,3 +54,53 @@ def test_a_shared_budget_never_packs_a_request_wider_than_the_bucket_its_rule_pr
     unpriced = sizes(MeanBudget(3))  # no bucket priced: the confident request takes more than its share
     assert sum(unpriced) == 12 and unpriced[0] > 3
 
+
+class MassRule:
+    """A width rule that takes every node whose mass is at least `floor` (records what it was shown)."""
+
+    max_budget, mass_exponent = 64, 1.0
+
+    def __init__(self, floor: float) -> None:
+        self.floor, self.shown = floor, []
+
+    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> SimpleNamespace:
+        self.shown.append(masses_desc)
+        return SimpleNamespace(budget=int((masses_desc >= self.floor).sum()))
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_the_rule_sees_masses_scaled_once_and_the_gate_gets_them_as_drafted(on_device):
+    """A request's scale (its gate's realized / forecast correction) shrinks what the width rule
+    prices, once; the masses handed back (to the draft gate, which applies its own correction, and
+    to the engine's pooled evidence) are the drafted ones: scaled there too, they were counted twice."""
+    ids, lp = marginals(0)
+    args = (["cast"], ["auto"], [10])
+    for scale in (1.0, 0.5):
+        rule = MassRule(0.6)
+        if on_device:
+            _, size, masses = device_trees(*args, torch.from_numpy(ids[:1]), torch.from_numpy(lp[:1]), SpecConfig(),
+                                           lambda prefix: rule, [scale], lambda t: t.cpu().numpy())
+        else:
+            trees, masses = choose_trees(*args, ids[:1], lp[:1], SpecConfig(), lambda prefix: rule, [scale])
+            size = [trees[0].size]
+        drafted = masses[0]
+        assert np.allclose(rule.shown[0], np.minimum(drafted * scale, 1.0))
+        assert size[0] == int((np.minimum(drafted * scale, 1.0) >= 0.6).sum())
+        assert drafted[0] > 0.9  # request 0 is near certain: its root-most masses as drafted
+    assert size[0] < int((drafted >= 0.6).sum())  # at scale 0.5 the rule took fewer nodes
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_screen_scale_of_0_verifies_one_node_and_hands_back_the_masses_as_drafted(on_device):
+    """A load probe's screen: the cheapest tree whose verify still reads acceptance, whatever its masses."""
+    ids, lp = marginals(0)
+    args = (["cast", "cast"], ["auto", "auto"], [10, 10])
+    rule = MassRule(0.0)  # would take every node
+    if on_device:
+        _, size, masses = device_trees(*args, torch.from_numpy(ids[:2]), torch.from_numpy(lp[:2]), SpecConfig(),
+                                       lambda prefix: rule, [0.0, 1.0], lambda t: t.cpu().numpy())
+    else:
+        trees, masses = choose_trees(*args, ids[:2], lp[:2], SpecConfig(), lambda prefix: rule, [0.0, 1.0])
+        size = [t.size for t in trees]
+    assert size[0] == 1 and size[1] > 1
+    assert masses[0][0] > 0.9 and len(masses[0]) > 1

@@ -155,8 +155,11 @@ def test_under_load_a_screen_of_few_finds_the_text_turned_predictable_and_the_ba
     """8 code requests whose drafter is wrong for their first 24 rounds settle on AR; the load
     probe then screens one request (not all 8) at a time, and once the drafter is right again a
     screen's fresh masses bring every request to try, and the batch drafts on. Priced by a FAKE
-    accelerator's flat table (`FLAT_TABLE`): on this CPU's own, 8 requests drafting never pay."""
+    accelerator's flat table (`FLAT_TABLE`): on this CPU's own, 8 requests drafting never pay. The
+    realized guard is off: it measures this CPU's rounds, which the fake table does not price (the
+    next test covers it)."""
     engine = _engine(embedded, head, FLAT_TABLE)
+    engine.guard = None
     true = permuted(head)
     widths = []
     real = engine._drafts
@@ -176,3 +179,27 @@ def test_under_load_a_screen_of_few_finds_the_text_turned_predictable_and_the_ba
     back = [i for i, w in enumerate(later) if w >= 4]
     assert back and sum(w >= 4 for w in later[back[0]:back[0] + 16]) >= 12  # and the batch drafts on
     assert all(s.tokens == ar_tokens(s.request.prompt_ids, 96) for s in seqs)
+
+
+def test_under_load_a_vetoed_batch_drafts_only_the_probes_tries_until_one_confirms_drafting(embedded, head,
+                                                                                             ar_tokens):
+    """Where drafted rounds measured slower than AR for their tokens (`RealizedGuard`), no gate drafts
+    under load, though the table prices drafting a win (FAKE flat table, code, the shipped head): only
+    the load probe's tries run, and a try of the whole batch that confirms drafting lifts the veto."""
+    engine = _engine(embedded, head, FLAT_TABLE)
+    seqs = [engine.add_request(Request(_ids(embedded, c), 40, ignore_eos=True)) for c in CODES[:4]]
+    for _ in range(4):
+        engine.step()
+    assert any(s.drafted[-1] for s in seqs)  # the table's choice: drafting
+    engine.guard.vetoed = True
+    rounds = []
+    while engine.active and engine.guard.vetoed:
+        engine.step()
+        rounds.append((sum(s.drafted[-1] for s in seqs if not s.done or s.drafted), engine.probing))
+    assert all(probing for drafted, probing in rounds if drafted)  # only the probe's tries drafted
+    assert not engine.guard.vetoed and rounds[-1] == (4, True)  # lifted by a try of all 4
+    engine.step()
+    assert not engine.probing and sum(s.drafted[-1] for s in seqs) >= 2  # the gates draft again
+    while engine.active:
+        engine.step()
+    assert all(s.tokens == ar_tokens(s.request.prompt_ids, 40) for s in seqs)

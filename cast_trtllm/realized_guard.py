@@ -1,0 +1,80 @@
+"""`RealizedGuard`: under load, drafting stops where its rounds, as measured, commit slower than AR.
+
+The gates and the load probe decide by forecast: a table's round ms and the drafter's calibrated
+masses, corrected by acceptance so far. A forecast can be wrong in ways no correction sees in
+time: a mixed batch accepting less than the pooled evidence it was priced on (c = 16, half random
+words and half GSM8K, 2-core CPU: a drafted round of 16 committed 1.63 tokens a request in 115 ms,
+where AR committed 1 in 47 ms, while the gates priced drafting above AR for 36% of the rounds).
+This guard closes the loop on what the rounds did:
+
+- every AR round under load tells it how far the table's AR price is from the wall clock
+  (`fit`: an EWMA of measured / priced ms, so host work and the table's own errors count);
+- every round the gates chose to draft under load (not the load probe's tries: their cost is the
+  probe's, bounded by `cast_trtllm.probe_backoff.PROBE_SHARE`) is compared with the AR rounds that would have committed the
+  same tokens: `committed` tokens at the fitted AR price of a round of that batch;
+- over the last `window` drafted rounds, where they took longer than AR would have for their
+  tokens, drafting is vetoed (`vetoed`): no gate drafts under load until the load probe tries the
+  batch again and a try confirms drafting (`lift`). The engine backs the probe off at each veto,
+  so a batch on which drafting keeps losing is tried ever more rarely (`cast_trtllm.load_probe`).
+
+Alone (batch 1) a request's own gate prices its arms, so the guard reads batches > 1 only.
+Pure Python; the engine calls `observe` after each round under load and `lift` after a probe.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RealizedGuard:
+    window: int = 4  # drafted rounds read before a verdict (and the verdict's span)
+    alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
+    fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
+    vetoed: bool = False
+    _rounds: deque = field(init=False)  # (wall ms, AR ms for the same tokens) of recent drafted rounds
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"RealizedGuard.window must be >= 1 drafted round, got {self.window}")
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"RealizedGuard.alpha must be in (0, 1], got {self.alpha}")
+        self._rounds = deque(maxlen=self.window)
+
+    def observe(self, drafted: bool, batch: int, committed: int, wall_ms: float, ar_priced_ms: float) -> bool:
+        """One finished round of `batch` decoding requests that committed `committed` tokens in `wall_ms`;
+        ar_priced_ms: the cost table's price of an AR round of that batch. Returns True where this
+        round vetoed drafting (the drafted rounds of the window took longer than AR for their tokens)."""
+        if batch < 1 or committed < batch or not wall_ms > 0 or not ar_priced_ms > 0:
+            raise ValueError(f"a round of {batch} requests commits >= {batch} tokens in > 0 ms against an AR "
+                             f"price > 0 ms, got {committed} tokens, {wall_ms} ms, AR {ar_priced_ms} ms")
+        if batch == 1:
+            return False
+        if not drafted:
+            reading = wall_ms / ar_priced_ms
+            self.fit = reading if self.fit == 0.0 else self.fit + self.alpha * (reading - self.fit)
+            return False
+        if self.fit == 0.0 or self.vetoed:
+            return False  # no AR round read yet to compare with (or already vetoed: a probe's round)
+        self._rounds.append((wall_ms, committed / batch * ar_priced_ms * self.fit))
+        if len(self._rounds) < self.window:
+            return False
+        spent, ar = (sum(r) for r in zip(*self._rounds))
+        self.vetoed = spent > ar
+        if self.vetoed:
+            self._rounds.clear()
+        return self.vetoed
+
+    def lift(self) -> None:
+        """A try of the whole batch confirmed drafting: its rounds are read afresh."""
+        self.vetoed = False
+        self._rounds.clear()
+
+    @property
+    def ratio(self) -> float | None:
+        """AR ms over drafted ms for the same tokens, over the drafted rounds read (None: none yet)."""
+        if not self._rounds:
+            return None
+        spent, ar = (sum(r) for r in zip(*self._rounds))
+        return ar / spent

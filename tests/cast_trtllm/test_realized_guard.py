@@ -1,0 +1,62 @@
+"""Under load, drafting that measured slower than AR for its tokens stops until a probe confirms it."""
+
+import pytest
+
+from cast_trtllm.realized_guard import RealizedGuard
+
+
+def _ar(guard: RealizedGuard, rounds: int = 3, wall: float = 44.0, priced: float = 40.0) -> None:
+    for _ in range(rounds):
+        guard.observe(False, 16, 16, wall, priced)
+
+
+def test_drafted_rounds_slower_than_ar_for_their_tokens_veto_drafting_after_a_window():
+    """16 requests, AR 40 ms by the table and 44 ms measured (fit 1.1); drafted rounds of 115 ms
+    committing 1.63 tokens a request cost 115 ms where AR would take 1.63 x 44 = 72 ms."""
+    guard = RealizedGuard(window=4)
+    _ar(guard)
+    assert guard.fit == pytest.approx(1.1)
+    verdicts = [guard.observe(True, 16, 26, 115.0, 40.0) for _ in range(4)]
+    assert verdicts == [False, False, False, True] and guard.vetoed
+    assert not guard.observe(True, 16, 26, 115.0, 40.0)  # a probe's round while vetoed: not read
+    guard.lift()
+    assert not guard.vetoed and guard.ratio is None
+
+
+def test_drafted_rounds_that_beat_ar_keep_drafting():
+    """3 tokens a request in 115 ms against 3 x 44 = 132 ms of AR: drafting stays on."""
+    guard = RealizedGuard(window=4)
+    _ar(guard)
+    assert not any(guard.observe(True, 16, 48, 115.0, 40.0) for _ in range(12))
+    assert guard.ratio == pytest.approx(132.0 / 115.0)
+
+
+def test_no_verdict_before_an_ar_round_is_read_nor_alone():
+    guard = RealizedGuard(window=1)
+    assert not guard.observe(True, 16, 16, 500.0, 40.0)  # nothing to compare with yet
+    assert not guard.observe(True, 1, 1, 500.0, 10.0) and not guard.observe(False, 1, 1, 10.0, 10.0)
+    assert guard.fit == 0.0  # a request alone: its gate's business
+    _ar(guard, 1)
+    assert guard.observe(True, 16, 16, 500.0, 40.0)
+
+
+def test_the_verdict_reads_the_window_as_a_whole():
+    """One bad round among good ones does not veto: 3 x (48 tokens, 100 ms) + (16 tokens, 130 ms)
+    is 430 ms against 3 x 132 + 44 = 440 ms of AR (2.75 ms a token)."""
+    guard = RealizedGuard(window=4)
+    _ar(guard)
+    rounds = [(48, 100.0)] * 3 + [(16, 130.0)]
+    assert not any(guard.observe(True, 16, c, w, 40.0) for c, w in rounds)
+
+
+@pytest.mark.parametrize("kwargs", [dict(window=0), dict(alpha=0.0), dict(alpha=1.5)])
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError, match="RealizedGuard"):
+        RealizedGuard(**kwargs)
+
+
+@pytest.mark.parametrize("args", [(True, 0, 0, 10.0, 10.0), (True, 4, 3, 10.0, 10.0), (False, 4, 4, 0.0, 10.0),
+                                  (False, 4, 4, 10.0, 0.0)])
+def test_impossible_rounds_are_refused(args):
+    with pytest.raises(ValueError, match="commits"):
+        RealizedGuard().observe(*args)
