@@ -14,11 +14,13 @@ This guard closes the loop on what the rounds did:
   same tokens: `committed` tokens at the fitted AR price of a round of that batch;
 - over the last `window` drafted rounds, where they took longer than AR would have for their
   tokens, drafting is vetoed (`vetoed`): no gate drafts under load until the load probe tries the
-  batch again and a try confirms drafting (`lift`). The engine backs the probe off at each veto,
-  so a batch on which drafting keeps losing is tried ever more rarely (`cast_trtllm.load_probe`).
+  batch again and a try confirms drafting (`lift`), or until every request it was measured on has
+  left (`expire`: a veto held over from a c = 16 batch kept the next c = 4 batch, where drafting wins
+  1.2x, on AR for its first 8 rounds). The engine backs the probe off at each veto, so a batch on
+  which drafting keeps losing is tried ever more rarely (`cast_trtllm.load_probe`).
 
 Alone (batch 1) a request's own gate prices its arms, so the guard reads batches > 1 only.
-Pure Python; the engine calls `observe` after each round under load and `lift` after a probe.
+Pure Python; the engine calls `observe` and `expire` after each round, `lift` after a probe.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class RealizedGuard:
-    window: int = 4  # drafted rounds read before a verdict (and the verdict's span)
+    # drafted rounds read before a verdict (its span): a round's tokens swing 1-3x (c = 4, GSM8K, 2-core
+    # CPU: 4 to 12 tokens a round of 4 where drafting won 1.2x overall); a window of 4 vetoed there twice a run
+    window: int = 12
     alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
     fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
     vetoed: bool = False
+    _holders: tuple = ()  # the requests of the round that vetoed: the verdict is about their texts
     _rounds: deque = field(init=False)  # (wall ms, AR ms for the same tokens) of recent drafted rounds
 
     def __post_init__(self) -> None:
@@ -42,10 +47,12 @@ class RealizedGuard:
             raise ValueError(f"RealizedGuard.alpha must be in (0, 1], got {self.alpha}")
         self._rounds = deque(maxlen=self.window)
 
-    def observe(self, drafted: bool, batch: int, committed: int, wall_ms: float, ar_priced_ms: float) -> bool:
-        """One finished round of `batch` decoding requests that committed `committed` tokens in `wall_ms`;
-        ar_priced_ms: the cost table's price of an AR round of that batch. Returns True where this
-        round vetoed drafting (the drafted rounds of the window took longer than AR for their tokens)."""
+    def observe(self, drafted: bool, batch: int, committed: int, wall_ms: float, ar_priced_ms: float,
+                members: tuple = ()) -> bool:
+        """One finished round of `batch` decoding requests (`members`, any objects) that committed
+        `committed` tokens in `wall_ms`; ar_priced_ms: the cost table's price of an AR round of that batch.
+        Returns True where this round vetoed drafting (the window's drafted rounds took longer than AR
+        for their tokens)."""
         if batch < 1 or committed < batch or not wall_ms > 0 or not ar_priced_ms > 0:
             raise ValueError(f"a round of {batch} requests commits >= {batch} tokens in > 0 ms against an AR "
                              f"price > 0 ms, got {committed} tokens, {wall_ms} ms, AR {ar_priced_ms} ms")
@@ -64,11 +71,18 @@ class RealizedGuard:
         self.vetoed = spent > ar
         if self.vetoed:
             self._rounds.clear()
+            self._holders = tuple(members)
         return self.vetoed
 
+    def expire(self, live) -> None:
+        """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts)."""
+        alive = {id(x) for x in live}  # the holders are referenced here, so their ids are not reused
+        if self.vetoed and not any(id(h) in alive for h in self._holders):
+            self.lift()
+
     def lift(self) -> None:
-        """A try of the whole batch confirmed drafting: its rounds are read afresh."""
-        self.vetoed = False
+        """A try of the whole batch confirmed drafting (or its requests left): rounds are read afresh."""
+        self.vetoed, self._holders = False, ()
         self._rounds.clear()
 
     @property

@@ -69,11 +69,14 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
 def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: float) -> None:
     """Under load, the round's measured cost against AR's (`RealizedGuard`); the gates' own drafted
     rounds only (a probe's try is the probe's cost). A veto backs the load probe off."""
-    if engine.guard is None or len(batch) < 2 or (drafting and engine.probing) or wall_ms <= 0:
+    if engine.guard is None:
+        return
+    engine.guard.expire([s for s in engine.active if not s.done])
+    if len(batch) < 2 or (drafting and engine.probing) or wall_ms <= 0:
         return
     committed = sum(max(s.accept_lengths[-1], 1) for s in batch)
     ar_ms = engine.cost.round_ms(1, len(batch), drafted=False)
-    if engine.guard.observe(bool(drafting), len(batch), committed, wall_ms, ar_ms):
+    if engine.guard.observe(bool(drafting), len(batch), committed, wall_ms, ar_ms, tuple(batch)):
         engine.load_probe.confirmed(still_ar=True)
 
 

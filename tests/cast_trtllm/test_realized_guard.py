@@ -60,3 +60,15 @@ def test_bad_settings_are_refused(kwargs):
 def test_impossible_rounds_are_refused(args):
     with pytest.raises(ValueError, match="commits"):
         RealizedGuard().observe(*args)
+
+
+def test_a_veto_expires_once_every_request_it_was_measured_on_has_left():
+    """The verdict is about those requests' texts: a veto held over from them would park a new batch."""
+    guard = RealizedGuard(window=1)
+    _ar(guard, 1)
+    a, b, c = object(), object(), object()
+    assert guard.observe(True, 2, 2, 500.0, 40.0, (a, b))
+    guard.expire([b, c])
+    assert guard.vetoed  # b is still live
+    guard.expire([c])
+    assert not guard.vetoed

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cast_trtllm.cost_model import OnlineCostModel
+from cast_trtllm.realized_guard import RealizedGuard
 from cast_trtllm.spec_config import SpecConfig
 from runtime.drafter import DEFAULT_DRAFTER, DrafterExecutor, load_drafter
 from runtime.engine import LLMEngine, Request
@@ -191,7 +192,9 @@ def test_under_load_a_vetoed_batch_drafts_only_the_probes_tries_until_one_confir
     for _ in range(4):
         engine.step()
     assert any(s.drafted[-1] for s in seqs)  # the table's choice: drafting
-    engine.guard.vetoed = True
+    engine.guard = RealizedGuard(window=1)  # a veto measured on these 4: AR 40 ms, a drafted round 500 ms
+    engine.guard.observe(False, 4, 4, 40.0, 40.0)
+    assert engine.guard.observe(True, 4, 4, 500.0, 40.0, tuple(seqs))
     rounds = []
     while engine.active and engine.guard.vetoed:
         engine.step()
