@@ -13,7 +13,8 @@ This guard closes the loop on what the rounds did:
   probe's, bounded by `cast_trtllm.probe_backoff.PROBE_SHARE`) is compared with the AR rounds that would have committed the
   same tokens: `committed` tokens at the fitted AR price of a round of that batch;
 - over the last `window` drafted rounds, where they took longer than AR would have for their
-  tokens, drafting is vetoed (`vetoed`): no gate drafts under load until the load probe tries the
+  tokens (or from `early` rounds on, `clear` times as long: the c = 16 rounds above took 1.6x),
+  drafting is vetoed (`vetoed`): no gate drafts under load until the load probe tries the
   batch again and a try confirms drafting (`lift`), or until every request it was measured on has
   left (`expire`: a veto held over from a c = 16 batch kept the next c = 4 batch, where drafting wins
   1.2x, on AR for its first 8 rounds). The engine backs the probe off at each veto, so a batch on
@@ -34,6 +35,8 @@ class RealizedGuard:
     # drafted rounds read before a verdict (its span): a round's tokens swing 1-3x (c = 4, GSM8K, 2-core
     # CPU: 4 to 12 tokens a round of 4 where drafting won 1.2x overall); a window of 4 vetoed there twice a run
     window: int = 12
+    early: int = 4  # from this many drafted rounds, a clear loss vetoes before the window is full
+    clear: float = 1.25  # a clear loss: the rounds took this many times AR's ms for their tokens
     alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
     fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
     vetoed: bool = False
@@ -43,6 +46,9 @@ class RealizedGuard:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"RealizedGuard.window must be >= 1 drafted round, got {self.window}")
+        if not 1 <= self.early <= self.window or self.clear < 1:
+            raise ValueError(f"RealizedGuard: early must be in [1, window] and clear >= 1, got early "
+                             f"{self.early}, clear {self.clear}")
         if not 0 < self.alpha <= 1:
             raise ValueError(f"RealizedGuard.alpha must be in (0, 1], got {self.alpha}")
         self._rounds = deque(maxlen=self.window)
@@ -65,10 +71,10 @@ class RealizedGuard:
         if self.fit == 0.0 or self.vetoed:
             return False  # no AR round read yet to compare with (or already vetoed: a probe's round)
         self._rounds.append((wall_ms, committed / batch * ar_priced_ms * self.fit))
-        if len(self._rounds) < self.window:
+        if len(self._rounds) < self.early:
             return False
         spent, ar = (sum(r) for r in zip(*self._rounds))
-        self.vetoed = spent > ar
+        self.vetoed = spent > (ar if len(self._rounds) == self.window else self.clear * ar)
         if self.vetoed:
             self._rounds.clear()
             self._holders = tuple(members)

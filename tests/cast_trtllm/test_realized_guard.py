@@ -13,7 +13,7 @@ def _ar(guard: RealizedGuard, rounds: int = 3, wall: float = 44.0, priced: float
 def test_drafted_rounds_slower_than_ar_for_their_tokens_veto_drafting_after_a_window():
     """16 requests, AR 40 ms by the table and 44 ms measured (fit 1.1); drafted rounds of 115 ms
     committing 1.63 tokens a request cost 115 ms where AR would take 1.63 x 44 = 72 ms."""
-    guard = RealizedGuard(window=4)
+    guard = RealizedGuard(window=4, early=4)
     _ar(guard)
     assert guard.fit == pytest.approx(1.1)
     verdicts = [guard.observe(True, 16, 26, 115.0, 40.0) for _ in range(4)]
@@ -32,7 +32,7 @@ def test_drafted_rounds_that_beat_ar_keep_drafting():
 
 
 def test_no_verdict_before_an_ar_round_is_read_nor_alone():
-    guard = RealizedGuard(window=1)
+    guard = RealizedGuard(window=1, early=1)
     assert not guard.observe(True, 16, 16, 500.0, 40.0)  # nothing to compare with yet
     assert not guard.observe(True, 1, 1, 500.0, 10.0) and not guard.observe(False, 1, 1, 10.0, 10.0)
     assert guard.fit == 0.0  # a request alone: its gate's business
@@ -49,7 +49,8 @@ def test_the_verdict_reads_the_window_as_a_whole():
     assert not any(guard.observe(True, 16, c, w, 40.0) for c, w in rounds)
 
 
-@pytest.mark.parametrize("kwargs", [dict(window=0), dict(alpha=0.0), dict(alpha=1.5)])
+@pytest.mark.parametrize("kwargs", [dict(window=0), dict(alpha=0.0), dict(alpha=1.5), dict(early=0),
+                                    dict(window=4, early=5), dict(clear=0.9)])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="RealizedGuard"):
         RealizedGuard(**kwargs)
@@ -64,7 +65,7 @@ def test_impossible_rounds_are_refused(args):
 
 def test_a_veto_expires_once_every_request_it_was_measured_on_has_left():
     """The verdict is about those requests' texts: a veto held over from them would park a new batch."""
-    guard = RealizedGuard(window=1)
+    guard = RealizedGuard(window=1, early=1)
     _ar(guard, 1)
     a, b, c = object(), object(), object()
     assert guard.observe(True, 2, 2, 500.0, 40.0, (a, b))
@@ -72,3 +73,12 @@ def test_a_veto_expires_once_every_request_it_was_measured_on_has_left():
     assert guard.vetoed  # b is still live
     guard.expire([c])
     assert not guard.vetoed
+
+
+def test_a_clear_loss_vetoes_before_the_window_is_full_a_slight_one_waits_for_it():
+    """Defaults: 12 rounds, or from 4 on at 1.25x. AR 44 ms for 16 tokens: 1.63 tokens a request in
+    115 ms is 1.6x AR's ms (vetoed at the 4th round); 1.875 in 88 ms is 1.07x (vetoed at the 12th)."""
+    clear, slight = RealizedGuard(), RealizedGuard()
+    _ar(clear), _ar(slight)
+    assert [clear.observe(True, 16, 26, 115.0, 40.0) for _ in range(4)] == [False] * 3 + [True]
+    assert [slight.observe(True, 16, 30, 88.0, 40.0) for _ in range(12)] == [False] * 11 + [True]
