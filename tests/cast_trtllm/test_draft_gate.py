@@ -299,3 +299,15 @@ def test_a_try_from_ar_sizes_its_tree_at_the_drafters_own_forecast():
     drafting = DraftGate(costs=_flat_table())
     drafting.record(True, 3, 30.0, expected=2.5, packed=6, masses=np.array([0.9, 0.8, 0.7]))
     assert drafting.draft_next() and not drafting.trying
+
+
+def test_a_new_request_inherits_the_engines_backoff_only_up_to_settled_tries():
+    """The engine's tries confirmed AR 5 times on other texts; a new text starts 2 tries in: on a close
+    call its next try comes within every << 2 rounds, where drafting is priced far off the longest wait."""
+    donor = EngineEvidence()
+    donor.add(2, 2.5, np.array([0.9, 0.5, 0.2]), 4, confirmed=5)
+    gate = DraftGate(probe_every=4)
+    gate.inherit(donor)
+    assert gate.backoff.confirmed == 2
+    assert gate.backoff.interval(priced=0.95) == 4 << 2
+    assert gate.backoff.interval(priced=0.5) == gate.backoff.longest

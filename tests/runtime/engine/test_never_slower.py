@@ -192,7 +192,7 @@ def test_under_load_a_vetoed_batch_drafts_only_the_probes_tries_until_one_confir
     for _ in range(4):
         engine.step()
     assert any(s.drafted[-1] for s in seqs)  # the table's choice: drafting
-    engine.guard = RealizedGuard(window=1)  # a veto measured on these 4: AR 40 ms, a drafted round 500 ms
+    engine.guard = RealizedGuard(window=1, early=1)  # a veto measured on these 4: AR 40 ms, a drafted round 500 ms
     engine.guard.observe(False, 4, 4, 40.0, 40.0)
     assert engine.guard.observe(True, 4, 4, 500.0, 40.0, tuple(seqs))
     rounds = []
