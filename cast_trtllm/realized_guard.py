@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 @dataclass(slots=True)
 class RealizedGuard:
     # drafted rounds read before a verdict (its span): a round's tokens swing 1-3x (c = 4, GSM8K, 2-core
-    # CPU: 4 to 12 tokens a round of 4 where drafting won 1.2x overall); a window of 4 vetoed there twice a run
-    window: int = 12
-    early: int = 4  # from this many drafted rounds, a clear loss vetoes before the window is full
-    clear: float = 1.25  # a clear loss: the rounds took this many times AR's ms for their tokens
+    # CPU: 4 to 12 tokens a round of 4 where drafting won 1.15x overall); 4 rounds vetoed there twice a
+    # run, 12 rounds (or 4 at 1.25x) in two runs of three
+    window: int = 16
+    early: int = 6  # from this many drafted rounds, a clear loss vetoes before the window is full
+    clear: float = 1.4  # a clear loss: the rounds took this many times AR's ms for their tokens
     alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
     fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
     vetoed: bool = False

@@ -67,13 +67,13 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
 
 
 def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: float) -> None:
-    """Under load, the round's measured cost against AR's (`RealizedGuard`); the gates' own drafted
-    rounds only (a probe's try is the probe's cost). A veto backs the load probe off."""
+    """Under load, the round's measured cost against AR's (`RealizedGuard`); of drafted rounds, only
+    those the gates chose (a probe's try is the probe's cost). A veto backs the load probe off."""
     if engine.guard is None:
         return
     engine.guard.expire([s for s in engine.active if not s.done])
-    if len(batch) < 2 or (drafting and engine.probing) or wall_ms <= 0:
-        return
+    if len(batch) < 2 or (drafting and engine.probing) or wall_ms <= 0 or any(s.gate is None for s in drafting):
+        return  # alone, a probe's try, or a round drafted for requests without a gate: not the gates' choice
     committed = sum(max(s.accept_lengths[-1], 1) for s in batch)
     ar_ms = engine.cost.round_ms(1, len(batch), drafted=False)
     if engine.guard.observe(bool(drafting), len(batch), committed, wall_ms, ar_ms, tuple(batch)):

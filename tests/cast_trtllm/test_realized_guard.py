@@ -25,7 +25,7 @@ def test_drafted_rounds_slower_than_ar_for_their_tokens_veto_drafting_after_a_wi
 
 def test_drafted_rounds_that_beat_ar_keep_drafting():
     """3 tokens a request in 115 ms against 3 x 44 = 132 ms of AR: drafting stays on."""
-    guard = RealizedGuard(window=4)
+    guard = RealizedGuard(window=4, early=4)
     _ar(guard)
     assert not any(guard.observe(True, 16, 48, 115.0, 40.0) for _ in range(12))
     assert guard.ratio == pytest.approx(132.0 / 115.0)
@@ -43,7 +43,7 @@ def test_no_verdict_before_an_ar_round_is_read_nor_alone():
 def test_the_verdict_reads_the_window_as_a_whole():
     """One bad round among good ones does not veto: 3 x (48 tokens, 100 ms) + (16 tokens, 130 ms)
     is 430 ms against 3 x 132 + 44 = 440 ms of AR (2.75 ms a token)."""
-    guard = RealizedGuard(window=4)
+    guard = RealizedGuard(window=4, early=4)
     _ar(guard)
     rounds = [(48, 100.0)] * 3 + [(16, 130.0)]
     assert not any(guard.observe(True, 16, c, w, 40.0) for c, w in rounds)
@@ -76,9 +76,9 @@ def test_a_veto_expires_once_every_request_it_was_measured_on_has_left():
 
 
 def test_a_clear_loss_vetoes_before_the_window_is_full_a_slight_one_waits_for_it():
-    """Defaults: 12 rounds, or from 4 on at 1.25x. AR 44 ms for 16 tokens: 1.63 tokens a request in
-    115 ms is 1.6x AR's ms (vetoed at the 4th round); 1.875 in 88 ms is 1.07x (vetoed at the 12th)."""
+    """Defaults: 16 rounds, or from 6 on at 1.4x. AR 44 ms for 16 tokens: 1.63 tokens a request in
+    115 ms is 1.6x AR's ms (vetoed at the 6th round); 1.875 in 88 ms is 1.07x (vetoed at the 16th)."""
     clear, slight = RealizedGuard(), RealizedGuard()
     _ar(clear), _ar(slight)
-    assert [clear.observe(True, 16, 26, 115.0, 40.0) for _ in range(4)] == [False] * 3 + [True]
-    assert [slight.observe(True, 16, 30, 88.0, 40.0) for _ in range(12)] == [False] * 11 + [True]
+    assert [clear.observe(True, 16, 26, 115.0, 40.0) for _ in range(6)] == [False] * 5 + [True]
+    assert [slight.observe(True, 16, 30, 88.0, 40.0) for _ in range(16)] == [False] * 15 + [True]
