@@ -3,18 +3,17 @@
 The width rule picks the best budget N once a block is drafted; it cannot say "do not draft".
 Where the drafter plus a wider verify cost more per committed token than a plain AR step (a
 compute-bound CPU, a head off its training domain), every budget loses to AR. Per request, two arms:
-- speculate: a drafted round commits R tokens and costs draft + verify(N + 1) + overhead;
-- AR: an undrafted round commits 1 token and costs verify(1) + overhead (the drafter's
-  feature cache is caught up at the next drafted round, and billed to it).
-It plays the arm with the higher tokens/ms and tries the other now and then. Prices come from
-`costs` (the engine's `OnlineCostModel`) where given: the width rule's best tree on this request's
-typical masses (EWMA of its drafted rounds' sorted masses x `correction`), draft included, against an
-AR round at ell(1). Without `costs` the arms' own EWMA wall-clock ms decide.
+a drafted round commits R tokens for draft + verify(N + 1) + overhead; an AR round 1 token for
+verify(1) + overhead (the drafter's feature cache is caught up at the next drafted round, billed to it).
+It plays the arm with the higher tokens/ms and tries the other now and then. Prices come from `costs`
+(the engine's `OnlineCostModel`) where given: the width rule's best tree on this request's typical masses
+(EWMA of its drafted rounds' sorted masses x `correction`), draft included, against an AR round at
+ell(1). Without `costs` the arms' own EWMA wall-clock ms decide.
 
-Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft pass and a
-padded verify, so the gate plays the table's choice from the first round (on masses inherited from
-the engine's pooled evidence until it has its own) and never probes alone: `LoadProbe` probes for
-the batch. On a cold engine only the oldest auto request drafts (the scout); the others inherit.
+Under load (batch > 1, with `costs`) one request's probe costs the whole batch a draft pass and a padded
+verify, so the gate plays the table's choice from the first round (on the engine's pooled evidence until
+it has its own) and never probes alone: `LoadProbe` probes for the batch (`RealizedGuard` checks what
+drafting measured). On a cold engine only the oldest auto request drafts (the scout); the rest inherit.
 
 A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho ** beta) (paper §2),
 not the realized R (1 or much more in one round), scaled by the request's realized / predicted accepted
@@ -29,13 +28,12 @@ pass over the rows committed since the last draft, `once_ms`) must be at most `P
 time left (`horizon` tokens); turning drafting on must win that pass back within the horizon too. A
 try accepting >= `PROMISING` of its forecast restarts the request's evidence from itself (the text
 changed). A new request inherits the engine's pooled evidence (`cast_trtllm.engine_evidence`) and
-backoff, so continuous arrivals pay no drafted warm-up each; only a gate with no evidence at all
-drafts its first `min_drafted` rounds. Alone, a new request whose inherited evidence says AR tries
-once in its first round (its text is new) where that costs at most PROBE_SHARE of its AR rounds left.
+backoff (up to `settled` tries), so arrivals pay no drafted warm-up; a gate with no evidence drafts
+its first `min_drafted` rounds. Alone, a new request whose inherited evidence says AR tries once in
+its first round (its text is new) where that costs at most PROBE_SHARE of its AR rounds left.
 AR rounds re-price every max(probe_every, batch) rounds (doubled like the waits) or once the correction
-faded by REPRICE; drafted ones unless the priced win, scaled by how far the typical masses shrank, still
-wins (`_clear_win`): a pricing runs the width rule, 0.13 ms a request, for every drafting request.
-"""
+faded by REPRICE; drafted ones unless the priced win, scaled by how far the typical masses shrank,
+still wins (`_clear_win`)."""
 
 from __future__ import annotations
 
@@ -213,10 +211,8 @@ class DraftGate:
         if other.masses is None:
             return
         self.masses, self.packed, self.inherited = other.masses.copy(), other.packed, True
-        # the engine's tries so far, up to `settled`: where drafting is priced far below AR a new text
-        # still waits the longest, but on a close call it tries again within every << settled rounds
-        # (MT-Bench, B = 1: four new texts whose first try missed sat on AR for all 48 tokens, 0.87x of
-        # cast:3, which accepts 1.5 tokens a round there)
+        # the engine's tries, up to `settled`: priced far below AR a new text waits the longest, on a close
+        # call it tries within every << settled rounds (MT-Bench, B = 1: misses parked it for 48 tokens)
         self.backoff.confirmed = min(other.confirmed, self.backoff.settled)
         self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 

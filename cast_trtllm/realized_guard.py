@@ -9,19 +9,19 @@ This guard closes the loop on what the rounds did:
 
 - every AR round under load tells it how far the table's AR price is from the wall clock
   (`fit`: an EWMA of measured / priced ms, so host work and the table's own errors count);
-- every round the gates chose to draft under load (not the load probe's tries: their cost is the
-  probe's, bounded by `cast_trtllm.probe_backoff.PROBE_SHARE`) is compared with the AR rounds that would have committed the
-  same tokens: `committed` tokens at the fitted AR price of a round of that batch;
-- over the last `window` drafted rounds, where they took longer than AR would have for their
-  tokens (or from `early` rounds on, `clear` times as long: the c = 16 rounds above took 1.6x),
-  drafting is vetoed (`vetoed`): no gate drafts under load until the load probe tries the
-  batch again and a try confirms drafting (`lift`), or until every request it was measured on has
-  left (`expire`: a veto held over from a c = 16 batch kept the next c = 4 batch, where drafting wins
-  1.2x, on AR for its first 8 rounds). The engine backs the probe off at each veto, so a batch on
-  which drafting keeps losing is tried ever more rarely (`cast_trtllm.load_probe`).
+- every round the gates chose to draft under load (not the load probe's tries: their cost is
+  the probe's, bounded by `cast_trtllm.probe_backoff.PROBE_SHARE`) is compared with the AR
+  rounds that would have committed the same tokens (at the fitted AR price of that batch);
+- where the last `window` drafted rounds took longer than AR for their tokens (or from `early`
+  rounds on, `clear` times as long: the c = 16 rounds above took 1.6x), drafting is vetoed
+  (`vetoed`): no gate drafts under load for `hold` rounds (doubling with each veto in a row:
+  the probe's tries, priced by the same forecast, would re-open it at once), then until a try of
+  the whole batch confirms drafting (`lift`), or until every request it was measured on has left
+  (`expire`: a veto held over from a c = 16 batch kept the next c = 4 batch, where drafting wins
+  1.2x, on AR for its first 8 rounds). A full window that does not veto ends the run of vetoes.
 
 Alone (batch 1) a request's own gate prices its arms, so the guard reads batches > 1 only.
-Pure Python; the engine calls `observe` and `expire` after each round, `lift` after a probe.
+Pure Python; the engine calls `observe` and `expire` after each round, `lift` after a probe of all.
 """
 
 from __future__ import annotations
@@ -40,16 +40,19 @@ class RealizedGuard:
     clear: float = 1.4  # a clear loss: the rounds took this many times AR's ms for their tokens
     alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
     fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
+    hold: int = 16  # rounds under load a first veto holds before a probe may lift it (doubling in a row)
     vetoed: bool = False
+    vetoes: int = 0  # vetoes in a row (no full window of drafted rounds read without one since)
+    _held: int = 0  # rounds under load since the veto
     _holders: tuple = ()  # the requests of the round that vetoed: the verdict is about their texts
     _rounds: deque = field(init=False)  # (wall ms, AR ms for the same tokens) of recent drafted rounds
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"RealizedGuard.window must be >= 1 drafted round, got {self.window}")
-        if not 1 <= self.early <= self.window or self.clear < 1:
-            raise ValueError(f"RealizedGuard: early must be in [1, window] and clear >= 1, got early "
-                             f"{self.early}, clear {self.clear}")
+        if not 1 <= self.early <= self.window or self.clear < 1 or self.hold < 0:
+            raise ValueError(f"RealizedGuard: early must be in [1, window], clear >= 1 and hold >= 0, got early "
+                             f"{self.early}, clear {self.clear}, hold {self.hold}")
         if not 0 < self.alpha <= 1:
             raise ValueError(f"RealizedGuard.alpha must be in (0, 1], got {self.alpha}")
         self._rounds = deque(maxlen=self.window)
@@ -65,6 +68,7 @@ class RealizedGuard:
                              f"price > 0 ms, got {committed} tokens, {wall_ms} ms, AR {ar_priced_ms} ms")
         if batch == 1:
             return False
+        self._held += self.vetoed
         if not drafted:
             reading = wall_ms / ar_priced_ms
             self.fit = reading if self.fit == 0.0 else self.fit + self.alpha * (reading - self.fit)
@@ -78,17 +82,27 @@ class RealizedGuard:
         self.vetoed = spent > (ar if len(self._rounds) == self.window else self.clear * ar)
         if self.vetoed:
             self._rounds.clear()
-            self._holders = tuple(members)
+            self._holders, self._held, self.vetoes = tuple(members), 0, self.vetoes + 1
+        elif len(self._rounds) == self.window:
+            self.vetoes = 0  # drafting measured paying over a whole window
         return self.vetoed
 
     def expire(self, live) -> None:
         """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts)."""
         alive = {id(x) for x in live}  # the holders are referenced here, so their ids are not reused
         if self.vetoed and not any(id(h) in alive for h in self._holders):
-            self.lift()
+            self.vetoes = 0
+            self._end()
 
-    def lift(self) -> None:
-        """A try of the whole batch confirmed drafting (or its requests left): rounds are read afresh."""
+    def lift(self) -> bool:
+        """A try of the whole batch confirmed drafting: the veto ends once it has held `hold` << (vetoes
+        in a row - 1) rounds under load (drafted rounds are then read afresh). Returns whether it ended."""
+        if self.vetoed and self._held < self.hold << max(self.vetoes - 1, 0):
+            return False
+        self._end()
+        return True
+
+    def _end(self) -> None:
         self.vetoed, self._holders = False, ()
         self._rounds.clear()
 

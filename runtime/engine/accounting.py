@@ -44,26 +44,33 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
         t.overhead_ms += overhead_ms
         t.decode_ms += verify_ms + overhead_ms
         if seq.gate is not None:
-            seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,  # a screen's empty
+            seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
                             packed=tree.num_packed if was and tree.size else None, masses=mass, batch=engine.load)
             seq.draft_next = brief(engine, seq).draft_next()
             if was and mass is not None:  # a drafted auto round: the engine's pooled evidence
                 engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
                                     seq.gate.backoff.confirmed)
-    if engine.probing and engine.load_probe.screening:  # a few tried: all try next round if they look promising
+    probed(engine, batch, masses)
+    guard(engine, batch, drafting, (t4 - t0) * 1e3 - engine.prompt_context_ms)
+
+
+def probed(engine, batch: list[Sequence], masses: list) -> None:
+    """After the load probe's round: a screen's few decide whether all try next round; a try of all
+    whether the batch turns to drafting (the requests whose tries want it, priced together), which
+    ends a veto of the realized guard only once its hold is over (`RealizedGuard.lift`)."""
+    probe = engine.load_probe
+    if not engine.probing:
+        return
+    if probe.screening:
         fresh = {id(s): m for s, m in zip(batch, masses) if m is not None}
         gated = [s.gate for s in batch if s.gate is not None]
         left = [g.horizon for g in gated if g.horizon is not None]
-        engine.load_probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers
-                                    if id(s) in fresh], engine.load, sum(g.once_ms for g in gated),
-                                   sum(left) / len(left) if left else None)
-    elif engine.probing:  # the batch turns to drafting only if the requests whose tries want it pay together
-        wants = [s.gate.typical_masses() for s in wanting(batch)]
-        still_ar = not wants or not engine.load_probe.subset_pays(wants, engine.load)
-        engine.load_probe.confirmed(still_ar)
-        if not still_ar:
-            engine.guard.lift()
-    guard(engine, batch, drafting, (t4 - t0) * 1e3 - engine.prompt_context_ms)
+        probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers if id(s) in fresh],
+                       engine.load, sum(g.once_ms for g in gated), sum(left) / len(left) if left else None)
+        return
+    wants = [s.gate.typical_masses() for s in wanting(batch)]
+    drafts = bool(wants) and probe.subset_pays(wants, engine.load)
+    probe.confirmed(still_ar=not (drafts and (engine.guard is None or engine.guard.lift())))
 
 
 def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: float) -> None:

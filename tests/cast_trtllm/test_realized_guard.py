@@ -19,8 +19,6 @@ def test_drafted_rounds_slower_than_ar_for_their_tokens_veto_drafting_after_a_wi
     verdicts = [guard.observe(True, 16, 26, 115.0, 40.0) for _ in range(4)]
     assert verdicts == [False, False, False, True] and guard.vetoed
     assert not guard.observe(True, 16, 26, 115.0, 40.0)  # a probe's round while vetoed: not read
-    guard.lift()
-    assert not guard.vetoed and guard.ratio is None
 
 
 def test_drafted_rounds_that_beat_ar_keep_drafting():
@@ -50,7 +48,7 @@ def test_the_verdict_reads_the_window_as_a_whole():
 
 
 @pytest.mark.parametrize("kwargs", [dict(window=0), dict(alpha=0.0), dict(alpha=1.5), dict(early=0),
-                                    dict(window=4, early=5), dict(clear=0.9)])
+                                    dict(window=4, early=5), dict(clear=0.9), dict(hold=-1)])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="RealizedGuard"):
         RealizedGuard(**kwargs)
@@ -82,3 +80,20 @@ def test_a_clear_loss_vetoes_before_the_window_is_full_a_slight_one_waits_for_it
     _ar(clear), _ar(slight)
     assert [clear.observe(True, 16, 26, 115.0, 40.0) for _ in range(6)] == [False] * 5 + [True]
     assert [slight.observe(True, 16, 30, 88.0, 40.0) for _ in range(16)] == [False] * 15 + [True]
+
+
+def test_a_probe_lifts_a_veto_only_once_it_has_held_and_the_hold_doubles_with_each_veto_in_a_row():
+    """The probe's tries are priced by the forecast that drafting measured against: lifted at once,
+    each veto would buy the batch another window of losing rounds."""
+    guard = RealizedGuard(window=2, early=2, hold=4)
+    _ar(guard, 1)
+    for vetoes, hold in ((1, 4), (2, 8), (3, 16)):
+        assert [guard.observe(True, 16, 16, 100.0, 40.0) for _ in range(2)] == [False, True]
+        assert guard.vetoes == vetoes
+        for _ in range(hold - 1):
+            guard.observe(False, 16, 16, 44.0, 40.0)
+        assert not guard.lift() and guard.vetoed
+        guard.observe(False, 16, 16, 44.0, 40.0)
+        assert guard.lift() and not guard.vetoed and guard.ratio is None
+    assert not any(guard.observe(True, 16, 64, 100.0, 40.0) for _ in range(2))
+    assert guard.vetoes == 0  # a window measured paying ends the run of vetoes
