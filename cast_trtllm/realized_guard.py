@@ -2,9 +2,9 @@
 
 The gates and the load probe decide by forecast: a table's round ms and the drafter's calibrated
 masses, corrected by acceptance so far. A forecast can be wrong in ways no correction sees in
-time: a mixed batch accepting less than the pooled evidence it was priced on (c = 16, half random
-words and half GSM8K, 2-core CPU: a drafted round of 16 committed 1.63 tokens a request in 115 ms,
-where AR committed 1 in 47 ms, while the gates priced drafting above AR for 36% of the rounds).
+time: a batch accepting less than the evidence it was priced on (c = 16 all at once, 2-core CPU, one
+report run: a drafted round of 16 committed 1.63 tokens a request in 115 ms, where AR committed 1 in
+47 ms, while the gates priced drafting above AR for 36% of the rounds).
 This guard closes the loop on what the rounds did:
 
 - every AR round under load tells it how far the table's AR price is from the wall clock

@@ -45,7 +45,7 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
         t.decode_ms += verify_ms + overhead_ms
         if seq.gate is not None:
             seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                            packed=tree.num_packed if was and tree.size else None, masses=mass, batch=engine.load)
+                            packed=tree.num_packed if was else None, masses=mass, batch=engine.load)
             seq.draft_next = brief(engine, seq).draft_next()
             if was and mass is not None:  # a drafted auto round: the engine's pooled evidence
                 engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
