@@ -89,8 +89,10 @@ class RealizedGuard:
 
     def expire(self, live) -> None:
         """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts)."""
+        if not self.vetoed:
+            return
         alive = {id(x) for x in live}  # the holders are referenced here, so their ids are not reused
-        if self.vetoed and not any(id(h) in alive for h in self._holders):
+        if not any(id(h) in alive for h in self._holders):
             self.vetoes = 0
             self._end()
 

@@ -64,9 +64,8 @@ def probed(engine, batch: list[Sequence], masses: list) -> None:
     if probe.screening:
         fresh = {id(s): m for s, m in zip(batch, masses) if m is not None}
         gated = [s.gate for s in batch if s.gate is not None]
-        left = [g.horizon for g in gated if g.horizon is not None]
         probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers if id(s) in fresh],
-                       engine.load, sum(g.once_ms for g in gated), sum(left) / len(left) if left else None)
+                       engine.load, sum(g.once_ms for g in gated), rounds_left(gated))
         return
     wants = [s.gate.typical_masses() for s in wanting(batch)]
     drafts = bool(wants) and probe.subset_pays(wants, engine.load)
@@ -85,6 +84,12 @@ def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: floa
     ar_ms = engine.cost.round_ms(1, len(batch), drafted=False)
     if engine.guard.observe(bool(drafting), len(batch), committed, wall_ms, ar_ms, tuple(batch)):
         engine.load_probe.confirmed(still_ar=True)
+
+
+def rounds_left(gates) -> float | None:
+    """The mean tokens these draft gates' requests may still commit (None: none is bounded)."""
+    left = [g.horizon for g in gates if g.horizon is not None]
+    return sum(left) / len(left) if left else None
 
 
 def wanting(seqs: list[Sequence]) -> list[Sequence]:

@@ -37,7 +37,7 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account, brief, joiners, scout, wanting
+from runtime.engine.accounting import account, brief, joiners, rounds_left, scout, wanting
 from runtime.engine.drafting import draft_scores, feed_contexts, tree_scales
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
@@ -182,9 +182,8 @@ class LLMEngine:
         if self.load_probe is not None and load > 1 and gated and not any(s.draft_next for s in gated):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
             trying = sorted(gated, key=lambda s: s.gate.once_ms)[:self.load_probe.trying(len(gated))]  # cheapest
-            left = [s.gate.horizon for s in trying if s.gate.horizon is not None]
             self.probing = self.load_probe.due(masses, load, sum(s.gate.once_ms for s in trying),
-                                               sum(left) / len(left) if left else None, len(trying))
+                                               rounds_left([s.gate for s in trying]), len(trying))
             self.probers = trying if self.probing else []
         tried = {id(s) for s in self.probers}
         return [s for s in batch if s.method != "ar" and (s.draft_next or id(s) in tried)]
