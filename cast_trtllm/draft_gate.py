@@ -19,6 +19,11 @@ A drafted round's tokens are forecast from its calibrated tree mass 1 + sum(rho 
 not the realized R (1 or much more in one round), scaled by the request's realized / predicted accepted
 tokens shrunk by `prior_tokens` to the engine's pooled ratio; its own evidence fades (half-life `memory`
 tokens), so a gate turned to AR by an answer's unpredictable opening re-prices on the domain's ratio.
+That correction is noisy (MT-Bench, B = 1: sd of its log 0.32; a few blocks in a row that accept nothing
+turned 30-45% of rounds to AR where the text was as predictable as where it drafted: auto 1.04x AR, cast:3
+1.17x), so a drafting gate turns to AR only where drafting loses at the correction DOUBT posterior sds up
+(`doubted`; auto 1.10x). The price: after text turns unpredictable it drafts longer (a head made wrong
+after 24 code rounds drafted 11-20 of the next 40 rounds, against 10-14 on the mean).
 
 Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting on
 `cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR,
@@ -42,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cast_trtllm.arm_stats import ArmStats
 from cast_trtllm.engine_evidence import EngineEvidence, blend
 from cast_trtllm.probe_backoff import PROBE_SHARE, ProbeBackoff, try_cost_rounds, try_pays
 
@@ -53,23 +59,7 @@ REPRICE = 0.02  # an AR-playing gate re-prices once its correction has moved thi
 # a try of drafting that accepts at least this share of its forecast says the text has changed (random
 # words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
 PROMISING = 0.5
-
-
-@dataclass(slots=True)
-class ArmStats:
-    """EWMA of committed tokens and wall milliseconds per round of one arm."""
-
-    tokens: float = 0.0
-    ms: float = 0.0
-    rounds: int = 0
-
-    def update(self, tokens: float, round_ms: float, alpha: float) -> None:
-        if self.rounds == 0:
-            self.tokens, self.ms = float(tokens), float(round_ms)
-        else:
-            self.tokens += alpha * (tokens - self.tokens)
-            self.ms += alpha * (round_ms - self.ms)
-        self.rounds += 1
+DOUBT = 1.0  # a drafting gate turns to AR only where drafting loses at its correction this many sds up
 
 
 @dataclass(slots=True)
@@ -151,7 +141,7 @@ class DraftGate:
         if (not self._clear_win(probe) if drafted else self.costs is None
                 or abs(self.correction - self._priced_at) > REPRICE
                 or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
-            self._best, self._stale = self.best_is_speculate(), 0  # AR rounds re-price as rarely as they try,
+            self._best, self._stale = self.best_is_speculate(doubt=drafted and self._best and not cold), 0  # AR rounds re-price as rarely as they try,
             self._priced_at = self.correction  # or once the evidence has faded towards the engine's
         if probe:
             self.backoff.record(still_ar=not self._best)
@@ -168,7 +158,7 @@ class DraftGate:
         (correction included) shrank since, still wins, for fewer than probe_every rounds."""
         if probe or not self._best or self._rates is None or self._stale >= self.probe_every or not self._mass:
             return False
-        return self._rates[0] * self.typical_masses().sum() / self._mass >= self._rates[1]
+        return self._rates[0] * self.typical_masses(self.doubted).sum() / self._mass >= self._rates[1]
 
     @property
     def trying(self) -> bool:
@@ -187,11 +177,18 @@ class DraftGate:
         """Forecast committed tokens of a drafted round, corrected by this request's realized rate."""
         return 1.0 + (self.speculate.tokens - 1.0) * self.correction
 
-    def best_is_speculate(self) -> bool:
+    @property
+    def doubted(self) -> float:
+        """The correction DOUBT posterior sds up: accepted tokens Poisson with a Gamma prior of `prior_tokens`
+        pseudo-tokens at the pool's ratio, so sd = sqrt(correction / (predicted + prior_tokens))."""
+        return self.correction + DOUBT * (self.correction / (self.predicted + self.prior_tokens)) ** 0.5
+
+    def best_is_speculate(self, doubt: bool = False) -> bool:
         """The arm with the higher tokens/ms: priced by `costs` where given, else measured
-        (speculate until AR is measured)."""
+        (speculate until AR is measured). doubt: drafting now, it turns to AR only where it loses
+        at the `doubted` correction (not by the noise of a few rounds)."""
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
-            typical = self.typical_masses()
+            typical = self.typical_masses(self.doubted if doubt else None)
             self._mass = float(typical.sum())
             pooled = np.repeat(typical, self.batch)  # every request of the round drafting like this one
             self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
@@ -216,11 +213,11 @@ class DraftGate:
         self.backoff.confirmed = min(other.confirmed, self.backoff.settled)
         self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 
-    def typical_masses(self) -> np.ndarray | None:
+    def typical_masses(self, correction: float | None = None) -> np.ndarray | None:
         """This request's typical prefix masses, scaled by its realized / predicted acceptance."""
         if self.masses is None:
             return None
-        return np.minimum(self.masses * self.correction, 1.0)
+        return np.minimum(self.masses * (self.correction if correction is None else correction), 1.0)
 
     def draft_next(self) -> bool:
         """Whether the next round drafts."""

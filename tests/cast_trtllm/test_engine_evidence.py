@@ -62,7 +62,8 @@ def test_a_request_turned_to_ar_by_a_poor_opening_re_prices_on_the_engines_ratio
     gate, alone = DraftGate(costs=_table(), probe_every=10_000), DraftGate(costs=_table(), probe_every=10_000)
     gate.inherit(pool)
     for g in (gate, alone):
-        for _ in range(6):  # the opening: forecasts of 2.7 tokens, none accepted
+        for _ in range(16):  # the opening: forecasts of 2.7 tokens, none accepted (this table pays drafting
+            # at a quarter of that, so a drafting gate needs this many to be sure: `DraftGate.doubted`)
             g.record(True, 1, 30.0, expected=3.7, packed=5, masses=MASSES)
         assert g.correction < 0.5 and not g.best_is_speculate()
     for _ in range(3 * 16):  # AR rounds: three half-lives of committed tokens
