@@ -22,8 +22,10 @@ tokens), so a gate turned to AR by an answer's unpredictable opening re-prices o
 That correction is noisy (MT-Bench, B = 1: sd of its log 0.32; a few blocks in a row that accept nothing
 turned 30-45% of rounds to AR where the text was as predictable as where it drafted: auto 1.04x AR, cast:3
 1.17x), so a drafting gate turns to AR only where drafting loses at the correction DOUBT posterior sds up
-(`doubted`; auto 1.10x). The price: after text turns unpredictable it drafts longer (a head made wrong
-after 24 code rounds drafted 11-20 of the next 40 rounds, against 10-14 on the mean).
+(`doubted`; auto 1.10x). Alone only: under load the batch's drafting is the load probe's and the
+guard's call (with doubt, 16 synthetic prompts at once drafted more where no width pays). The price:
+after text turns unpredictable it drafts longer (a head made wrong after 24 code rounds drafted 11-20
+of the next 40 rounds, against 10-14 on the mean).
 
 Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting on
 `cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR,
@@ -138,11 +140,12 @@ class DraftGate:
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
-        if (not self._clear_win(probe) if drafted else self.costs is None
+        doubt = drafted and self._best and not cold and batch == 1
+        if (not self._clear_win(probe, doubt) if drafted else self.costs is None
                 or abs(self.correction - self._priced_at) > REPRICE
                 or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
-            self._best, self._stale = self.best_is_speculate(doubt=drafted and self._best and not cold), 0  # AR rounds re-price as rarely as they try,
-            self._priced_at = self.correction  # or once the evidence has faded towards the engine's
+            # AR rounds re-price as rarely as they try, or once the evidence has faded towards the engine's
+            self._best, self._stale, self._priced_at = self.best_is_speculate(doubt), 0, self.correction
         if probe:
             self.backoff.record(still_ar=not self._best)
         elif drafted and self._best:
@@ -153,12 +156,12 @@ class DraftGate:
         self._held = 0 if drafted else self._held
         self._since_other = 0 if drafted != self._best else self._since_other + 1
 
-    def _clear_win(self, probe: bool) -> bool:
+    def _clear_win(self, probe: bool, doubt: bool) -> bool:
         """A drafted round need not re-price while the priced win, scaled by how much the typical masses
         (correction included) shrank since, still wins, for fewer than probe_every rounds."""
         if probe or not self._best or self._rates is None or self._stale >= self.probe_every or not self._mass:
             return False
-        return self._rates[0] * self.typical_masses(self.doubted).sum() / self._mass >= self._rates[1]
+        return self._rates[0] * self.typical_masses(self.doubted if doubt else None).sum() / self._mass >= self._rates[1]
 
     @property
     def trying(self) -> bool:

@@ -313,28 +313,38 @@ def test_a_new_request_inherits_the_engines_backoff_only_up_to_settled_tries():
     assert gate.backoff.interval(priced=0.5) == gate.backoff.longest
 
 
-def test_a_drafting_gate_turns_to_ar_on_evidence_beyond_its_noise_not_on_a_short_run_of_misses():
-    """MT-Bench at B = 1: a few blocks in a row that accept nothing drop a drafting gate's correction
-    below break-even while the text is as predictable as before (cast:3 1.15x AR; auto turned 30-45% of
-    rounds to AR). A drafting gate turns to AR only where drafting loses at its correction one posterior
-    sd up (`DraftGate.doubted`): later than the mean alone would, but once the misses go on, it does."""
+def _misses(batch: int) -> tuple[int, int]:
+    """A gate drafting on text whose forecasts come true, then on blocks accepting nothing: (the miss after
+    which its correction alone prices AR, the one after which it plays AR)."""
     from cast_trtllm.cost_model import OnlineCostModel
 
     model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=6.0, probe_every=10_000)
     for _ in range(3):
         for bucket, ms in ((1, 20.0), (2, 24.0), (4, 28.0), (8, 36.0)):
-            model.observe_verify(bucket, ms)
+            model.observe_verify(bucket * batch, ms, batch)
     masses, pool = np.array([0.6, 0.4, 0.3]), EngineEvidence()
     for _ in range(40):  # the engine's evidence: forecasts come true
         pool.add(2, 2.3, masses, 4, confirmed=0)
     gate = DraftGate(costs=model)
     gate.inherit(pool)
     for committed in (3, 2, 3, 2, 3, 2):  # this text too
-        gate.record(True, committed, 34.0, expected=2.3, packed=4, masses=masses)
+        gate.record(True, committed, 34.0, expected=2.3, packed=4, masses=masses, batch=batch)
     mean_says, plays = [], []
-    for _ in range(20):  # then blocks that accept nothing
-        gate.record(True, 1, 34.0, expected=2.3, packed=4, masses=masses)
+    for _ in range(20):
+        gate.record(True, 1, 34.0, expected=2.3, packed=4, masses=masses, batch=batch)
         mean_says.append(gate.best_is_speculate())
         plays.append(gate.draft_next())
-    turned, doubted = mean_says.index(False), plays.index(False)
-    assert 2 <= turned < doubted <= turned + 6 and not any(plays[doubted:])
+    assert not any(plays[plays.index(False):])
+    return mean_says.index(False), plays.index(False)
+
+
+def test_a_drafting_gate_turns_to_ar_on_evidence_beyond_its_noise_not_on_a_short_run_of_misses():
+    """MT-Bench at B = 1: a few blocks in a row that accept nothing drop a drafting gate's correction
+    below break-even while the text is as predictable as before (cast:3 1.15x AR; auto turned 30-45% of
+    rounds to AR). Alone, a drafting gate turns to AR only where drafting loses at its correction one
+    posterior sd up (`DraftGate.doubted`): later than the mean alone would, but once the misses go on, it
+    does. Under load it turns on the mean (the load probe and the realized guard judge the batch)."""
+    turned, doubted = _misses(batch=1)
+    assert 2 <= turned < doubted <= turned + 6
+    turned, played = _misses(batch=4)
+    assert played == turned
