@@ -161,7 +161,7 @@ class DraftGate:
         (correction included) shrank since, still wins, for fewer than probe_every rounds."""
         if probe or not self._best or self._rates is None or self._stale >= self.probe_every or not self._mass:
             return False
-        return self._rates[0] * self.typical_masses(self.doubted if doubt else None).sum() / self._mass >= self._rates[1]
+        return self._rates[0] * self.typical_masses(doubt).sum() / self._mass >= self._rates[1]
 
     @property
     def trying(self) -> bool:
@@ -191,7 +191,7 @@ class DraftGate:
         (speculate until AR is measured). doubt: drafting now, it turns to AR only where it loses
         at the `doubted` correction (not by the noise of a few rounds)."""
         if self.costs is not None and self.masses is not None:  # the width rule's best tree vs AR, at this batch
-            typical = self.typical_masses(self.doubted if doubt else None)
+            typical = self.typical_masses(doubt)
             self._mass = float(typical.sum())
             pooled = np.repeat(typical, self.batch)  # every request of the round drafting like this one
             self._rates = (self.costs.best_rate(pooled, self.batch), self.costs.ar_rate(self.batch))
@@ -216,11 +216,11 @@ class DraftGate:
         self.backoff.confirmed = min(other.confirmed, self.backoff.settled)
         self._best, self._stale = self.best_is_speculate(), 0  # priced on these masses at once
 
-    def typical_masses(self, correction: float | None = None) -> np.ndarray | None:
-        """This request's typical prefix masses, scaled by its realized / predicted acceptance."""
+    def typical_masses(self, doubt: bool = False) -> np.ndarray | None:
+        """This request's typical prefix masses, scaled by its realized / predicted acceptance (`doubted`)."""
         if self.masses is None:
             return None
-        return np.minimum(self.masses * (self.correction if correction is None else correction), 1.0)
+        return np.minimum(self.masses * (self.doubted if doubt else self.correction), 1.0)
 
     def draft_next(self) -> bool:
         """Whether the next round drafts."""
