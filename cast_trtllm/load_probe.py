@@ -87,15 +87,19 @@ class LoadProbe:
         return few if self.screening else gated
 
     def due(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
-            horizon: float | None = None, trying: int | None = None) -> bool:
+            horizon: float | None = None, trying: int | None = None, held: bool = False) -> bool:
         """Called once per AR round under load: whether this round should draft for `trying` gated
         requests (None: the whole batch; at the backoff's interval, at its longest while drafting is
         priced below `margin` of AR at `batch`, priced once per wait; at once after a promising
         screen), and only where the probe can pay back (`probe_backoff.try_pays`): once_ms, the
         drafter's context pass over the trying requests' rows since their last draft; horizon, the
-        rounds the batch has left (None: unbounded). masses: every gated request's typical masses."""
+        rounds the batch has left (None: unbounded). masses: every gated request's typical masses.
+        held: a veto of the realized guard is holding (`RealizedGuard.holding`); a try now could not
+        lift it and would only back this probe off, so none is due (the round still counts towards the
+        wait). (c = 4 continuous, 2-core CPU: a screen 7 rounds into a 16-round hold, then a try of all
+        4, doubled the wait, and the batch played AR to its end, where cast:3 won 1.18x AR.)"""
         self._since += 1
-        if not masses or (self._since < self.interval and not self._full):
+        if held or not masses or (self._since < self.interval and not self._full):
             return False
         ar_ms, probe_ms = self.costs.round_ms(1, batch, drafted=False), self._probe_ms(batch, trying)
         if self._full:

@@ -183,7 +183,8 @@ class LLMEngine:
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
             trying = sorted(gated, key=lambda s: s.gate.once_ms)[:self.load_probe.trying(len(gated))]  # cheapest
             self.probing = self.load_probe.due(masses, load, sum(s.gate.once_ms for s in trying),
-                                               rounds_left([s.gate for s in trying]), len(trying))
+                                               rounds_left([s.gate for s in trying]), len(trying),
+                                               held=self.guard is not None and self.guard.holding)
             self.probers = trying if self.probing else []
         tried = {id(s) for s in self.probers}
         return [s for s in batch if s.method != "ar" and (s.draft_next or id(s) in tried)]

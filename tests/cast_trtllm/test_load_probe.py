@@ -47,6 +47,15 @@ def test_a_dear_probe_costs_at_most_probe_share_of_the_ar_rounds_between_probes(
     assert list(np.diff([-1] + _probed(probe, 200))) == [25, 25, 25, 32, 64]
 
 
+def test_no_probe_is_due_while_a_veto_of_the_realized_guard_holds_but_its_rounds_count_towards_the_wait():
+    """A try during the hold could not lift the veto and would only back the probe off (c = 4: such a
+    try doubled the wait and the batch played AR to its end where cast:3 won 1.18x)."""
+    probe = LoadProbe(_table(20.1, draft_ms=0.1), every=4, max_backoff=2)
+    assert not any(probe.due(TINY, 8, held=True) for _ in range(10))
+    assert probe.interval == 4  # nothing was tried, so nothing backed off
+    assert probe.due(TINY, 8)  # the held rounds counted: due on the first round after the hold
+
+
 def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
     probe = LoadProbe(_table(20.1, draft_ms=0.1), every=4, max_backoff=2)
     assert len(_probed(probe, 12, TINY)) == 2  # two confirming probes: the interval is 16

@@ -92,8 +92,29 @@ def test_a_probe_lifts_a_veto_only_once_it_has_held_and_the_hold_doubles_with_ea
         assert guard.vetoes == vetoes
         for _ in range(hold - 1):
             guard.observe(False, 16, 16, 44.0, 40.0)
-        assert not guard.lift() and guard.vetoed
+        assert guard.holding and not guard.lift() and guard.vetoed
         guard.observe(False, 16, 16, 44.0, 40.0)
+        assert not guard.holding and guard.vetoed  # held: the probe may try again
         assert guard.lift() and not guard.vetoed and guard.ratio is None
     assert not any(guard.observe(True, 16, 64, 100.0, 40.0) for _ in range(2))
     assert guard.vetoes == 0  # a window measured paying ends the run of vetoes
+
+
+COMMITS = [8, 4, 12, 6, 8, 10, 5, 9, 7, 11, 6, 8, 4, 12, 7, 9]  # tokens of 4 requests a round: AR takes 2.5 ms each
+
+
+def test_a_full_window_vetoes_only_a_loss_beyond_its_rounds_own_noise():
+    """A drafted round's tokens swing 1-3x with the text; a window that lost 15 ms in 315 (one stalled
+    round among rounds of 20 ms whose AR equivalents ran 10-30 ms) is chance, and its veto would hold
+    off drafting where it wins; the same 5% lost round after round is a measured loss."""
+    def window(guard, walls):
+        guard.observe(False, 4, 4, 10.0, 10.0)  # fit 1
+        return [guard.observe(True, 4, c, w, 10.0) for c, w in zip(COMMITS, walls)]
+
+    noisy = [20.0] * 15 + [30.0]  # 330 ms spent where AR takes 315
+    assert window(RealizedGuard(), noisy) == [False] * 16
+    assert window(RealizedGuard(doubt=0.0), noisy) == [False] * 15 + [True]  # the rule before: any loss
+    steady = [1.05 * 2.5 * c for c in COMMITS]  # 330.75 ms, every round 5% over AR's
+    assert window(RealizedGuard(), steady) == [False] * 15 + [True]
+    with pytest.raises(ValueError, match="doubt"):
+        RealizedGuard(doubt=-1.0)
