@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 
 @dataclass(slots=True)
@@ -102,11 +103,9 @@ class RealizedGuard:
     def _error(self) -> float:
         """A robust standard error of the window's summed loss (drafted ms - AR ms, round by round): the
         median absolute deviation scaled to a normal sd (a stalled round must not widen it), x sqrt(n)."""
-        loss = sorted(w - a for w, a in self._rounds)
-        n = len(loss)
-        mid = (loss[(n - 1) // 2] + loss[n // 2]) / 2
-        dev = sorted(abs(x - mid) for x in loss)
-        return 1.4826 * (dev[(n - 1) // 2] + dev[n // 2]) / 2 * n ** 0.5
+        loss = [w - a for w, a in self._rounds]
+        mid = median(loss)
+        return 1.4826 * median(abs(x - mid) for x in loss) * len(loss) ** 0.5
 
     def expire(self, live) -> None:
         """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts)."""
