@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cast_trtllm.cost_cache import cost_cache_key, default_cache_dir
 from cast_trtllm.cost_model import DEFAULT_BUCKETS, OnlineCostModel, typical
@@ -266,3 +267,19 @@ def test_each_read_cell_is_priced_at_the_cheapest_read_cell_at_least_as_wide(see
     ms, own = model.verify_ms(batch=2), [typical(model.verify[2][DEFAULT_BUCKETS[j]]) for j in read]
     for i, j in enumerate(read):  # filled (never read) cells take no part: they do not pull a read one down
         assert ms[j] == min(own[i:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(0, 40), st.floats(1.0, 200.0),
+                          st.booleans()), min_size=1, max_size=60))
+def test_cached_tables_are_never_stale(readings):
+    """The tables rebuild only when a reading moves a cell's estimate (or makes it known): whatever the
+    readings, every cached verify row and draft cost equals one computed afresh."""
+    model = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)
+    for batch, per_request, ms, drafted in readings:
+        model.observe_verify(batch * (1 + per_request), ms, batch)
+        if drafted:
+            model.observe_draft(ms / 4, batch)
+        for b in (1, 2, 3, 4, 8):
+            np.testing.assert_array_equal(model.verify_ms(b), model._table(b))
+            assert model.draft_ms(b) == model._draft(b)
