@@ -68,7 +68,7 @@ def main() -> None:
             for label in (list(options) if r % 2 == 0 else list(options)[::-1]):
                 reqs = [Request(tuple(p), args.max_new_tokens, ignore_eos=True, **options[label]) for p in prompts]
                 host["ms"], cpu = 0.0, time.process_time()
-                wall, _, seqs, rounds = serve(engine, reqs, c)
+                wall, _, seqs, rounds, _ = serve(engine, reqs, c)
                 drafted = [d for s in seqs for d in s.drafted]
                 runs[label].append({"wall_s": wall, "cpu_s": time.process_time() - cpu, "rounds": rounds,
                                     "drafted_share": sum(drafted) / len(drafted), "host_ms_per_round": host["ms"] / rounds,

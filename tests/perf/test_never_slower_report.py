@@ -14,12 +14,24 @@ def test_aiperf_csv_with_cr_lf_gives_the_aggregate_output_token_throughput(tmp_p
 
 def test_the_page_has_one_row_per_cell_with_ratios_over_ar():
     row = {"tokens_per_s": 10.0, "vs_ar": 1.0, "cpu_vs_ar": 1.0, "drafted_share": 0.0, "mean_R": 1.0,
-           "equal_to_ar": 2, "requests": 2}
+           "equal_to_ar": 2, "requests": 2, "runs_tokens_per_s": [10.0, 9.8, 9.5], "noise": 0.02}
     report = {"command": "python -m perf.never_slower --out x", "machine": {"cpu_model": "cpu"}, "engine": {},
               "wall_minutes": 1.0, "cells": [{"part": "B = 1", "workload": "gsm8k", "concurrency": 1, "rows": {
                   "ar": row, "cast:3": row | {"vs_ar": 1.25, "cpu_vs_ar": 1.2}, "cast:auto": row | {"vs_ar": 0.99}}}]}
     text = page(report)
-    assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
+    assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | MISS | 2.0% | 3 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
+
+
+def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_within_noise_where_one_does():
+    from perf.never_slower import verdict
+
+    def rows(static, auto, noise=0.03):
+        return {"cast:3": {"vs_ar": static}, "cast:auto": {"vs_ar": auto, "noise": noise}}
+    assert verdict(rows(0.80, 0.98)) == "meets" and verdict(rows(0.80, 0.97)) == "MISS"
+    assert verdict(rows(1.00, 0.975, noise=0.5)) == "MISS"  # no width pays: the noise excuses nothing
+    assert verdict(rows(1.30, 1.31)) == "meets"
+    assert verdict(rows(1.30, 1.27)) == "within noise" and verdict(rows(1.30, 1.25)) == "MISS"
+    assert verdict(rows(1.30, 1.29, noise=float("nan"))) == "MISS"  # one run: no noise to be within
 
 
 def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
@@ -34,10 +46,11 @@ def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
                            draft_rows=1 + drafter.num_draft_positions)
     engine.width, engine.cost = (lambda prefix: cost), cost
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
-    rows, reference = cell(engine, prompts, 6, 2, repeats=2)
+    rows, reference = cell(engine, prompts, 6, 2, repeats=2, min_seconds=60.0, max_repeats=3)
     assert set(rows) == {m.label for m in METHODS} and len(reference) == 2
-    for row in rows.values():
-        assert len(row["runs_tokens_per_s"]) == 2 and row["tokens_per_s"] > 0 and row["cpu_s"] > 0
+    for row in rows.values():  # short runs: repeated up to max_repeats, after one untimed run each
+        assert len(row["runs_tokens_per_s"]) == 3 and row["tokens_per_s"] > 0 and row["cpu_s"] > 0
+        assert row["warmup_wall_s"] > 0 and 0 <= row["noise"] < 1
         assert row["equal_to_ar"] == row["requests"] == 2  # fp32: every method's greedy output is AR's
     assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["drafted_share"] == 0.0
 
@@ -53,9 +66,10 @@ def test_the_server_part_joins_the_page_from_an_aiperf_run_folder(tmp_path):
         aiperf_part(tmp_path)
     (tmp_path / "summary.json").write_text(json.dumps([
         {"concurrency": 8, "method": "ar", "tokens_per_s": 50.0, "runs": [50.0, 48.0], "vs_ar": 1.0},
-        {"concurrency": 8, "method": "auto", "tokens_per_s": 51.0, "runs": [51.0, 47.5], "vs_ar": 1.02}]))
+        {"concurrency": 8, "method": "auto", "tokens_per_s": 51.0, "runs": [51.0, 47.5], "vs_ar": 1.02},
+        {"concurrency": 8, "method": "cast3", "tokens_per_s": 40.0, "runs": [40.0, 39.0], "vs_ar": 0.80}]))
     (tmp_path / "command.txt").write_text("LEVELS=\"8\" perf/aiperf_run.sh OUT\n")
     report = {"command": "x", "machine": {}, "engine": {}, "wall_minutes": 1.0, "cells": [],
               "aiperf": aiperf_part(tmp_path)}
     text = page(report)
-    assert '`LEVELS="8" perf/aiperf_run.sh OUT`' in text and "| 8 | auto | 51.0 | 1.02 | 51.0, 47.5 |" in text
+    assert '`LEVELS="8" perf/aiperf_run.sh OUT`' in text and "| 8 | auto | 51.0 | 1.02 | 51.0, 47.5 | meets |" in text
