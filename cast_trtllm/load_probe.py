@@ -79,6 +79,13 @@ class LoadProbe:
     def interval(self) -> int:
         return self._backoff.interval()
 
+    @property
+    def lead(self) -> int:
+        """Rounds the next probe spends before the batch could draft on what it finds: a screen, then a
+        try of all; a try of all alone. Its gain can only come in the rounds after them: a screen 4 tokens
+        before a c = 16 batch's end (2-core CPU) cost 54 ms, 2.4% of its run, and could win nothing."""
+        return 2 if self.screening else 1
+
     def trying(self, gated: int) -> int:
         """How many of `gated` requests the next probe drafts: a screen of a few, or all of them
         once a screen looked promising (or where the screen would be all of them anyway)."""
@@ -91,9 +98,9 @@ class LoadProbe:
         """Called once per AR round under load: whether this round should draft for `trying` gated
         requests (None: the whole batch; at the backoff's interval, at its longest while drafting is
         priced below `margin` of AR at `batch`, priced once per wait; at once after a promising
-        screen), and only where the probe can pay back (`probe_backoff.try_pays`): once_ms, the
-        drafter's context pass over the trying requests' rows since their last draft; horizon, the
-        rounds the batch has left (None: unbounded). masses: every gated request's typical masses.
+        screen), and only where the probe can pay back (`probe_backoff.try_pays`) in the rounds after its
+        `lead`: once_ms, the drafter's context pass over the trying requests' rows since their last draft;
+        horizon, the rounds the batch has left (None: unbounded). masses: every gated request's typical masses.
         held: a veto of the realized guard is holding (`RealizedGuard.holding`); a try now could not
         lift it and would only back this probe off, so none is due (the round still counts towards the
         wait). (c = 4 continuous, 2-core CPU: a screen 7 rounds into a 16-round hold, then a try of all
@@ -109,7 +116,7 @@ class LoadProbe:
             self._wait = self._backoff.interval(priced, try_cost_rounds(ar_ms, probe_ms, once_ms))
         if self._since < self._wait:
             return False
-        if horizon is not None and not try_pays(horizon, ar_ms, probe_ms, once_ms):
+        if horizon is not None and not try_pays(horizon - self.lead, ar_ms, probe_ms, once_ms):
             return False  # the batch is about to finish or its context pass is dear: checked again next round
         self._since, self._wait = 0, None
         return True
@@ -147,9 +154,10 @@ class LoadProbe:
     def screened(self, tried: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
                  horizon: float | None = None) -> bool:
         """After a screen: the screened requests' fresh typical masses, as if every request of the
-        batch drafted like them, priced against AR. Promising, and the gain so priced over `horizon`
-        rounds left (None: unbounded) repays a probe of all of them (its extra round and `once_ms`, the
-        context pass of every gated request): the next probe tries them all (True); else the screen
+        batch drafted like them, priced against AR. Promising, and the gain so priced over the `horizon`
+        rounds left after that probe's own round (None: unbounded) repays a probe of all of them (its
+        extra round and `once_ms`, the context pass of every gated request): the next probe tries them
+        all (True); else the screen
         confirmed AR (back off). (c = 16, 48 tokens, 2-core CPU: a screen priced at 1.02x AR had all 16
         try, 180 ms over a 41 ms AR round to win ~2% of 40 rounds.)"""
         if tried:
@@ -157,7 +165,7 @@ class LoadProbe:
             rate, ar_rate = self.costs.best_rate(_pooled(like), batch), self.costs.ar_rate(batch)
             ar_ms = self.costs.round_ms(1, batch, drafted=False)
             self._full = rate >= ar_rate and (horizon is None or try_pays(
-                horizon, ar_ms, self._probe_ms(batch, None), once_ms, gain=min(PROBE_GAIN, 1 - ar_rate / rate)))
+                horizon - 1, ar_ms, self._probe_ms(batch, None), once_ms, gain=min(PROBE_GAIN, 1 - ar_rate / rate)))
         if not self._full:
             self._backoff.record(still_ar=True)
         return self._full

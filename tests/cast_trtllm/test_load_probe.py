@@ -153,3 +153,15 @@ def test_a_promising_screen_tries_them_all_only_where_the_priced_gain_repays_tha
         assert 1.0 < rate / ar < 1.1
         assert probe.screened(fresh, 8, once_ms=400.0, horizon=horizon) is full
         assert probe.interval == (4 if full else 8)  # a screen that does not lead on confirmed AR
+
+
+def test_a_probe_counts_only_the_rounds_after_its_own_towards_its_gain():
+    """A screen drafts nothing the batch keeps: a try of all follows, and only then could it draft.
+    So its payback is priced over the rounds left after those two (one for a try of all): with 6 rounds
+    left a cheap screen (0.25 x 4 x 20 ms = 20 ms covers 14 ms of extra cost) is due, with 4 left not,
+    though 0.25 x 4 x 20 ms would cover it."""
+    for horizon, due in ((6, True), (4, False)):
+        probe = LoadProbe(_table(20.0, draft_ms=4.0), every=4)
+        probe.costs.observe_draft(4.0, batch=1)
+        fired = [i for i in range(8) if probe.due(TINY, 8, once_ms=10.0, horizon=horizon, trying=probe.trying(8))]
+        assert probe.screening and probe.lead == 2 and bool(fired) is due
