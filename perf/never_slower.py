@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (ignore_eos)")
     ap.add_argument("--concurrency", default="1,4,16,32", help="in-process levels")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per cell at least, method order rotated")
-    ap.add_argument("--min-seconds", type=float, default=6.0,
+    ap.add_argument("--min-seconds", type=float, default=10.0,
                     help="each method is timed for about this long per cell (more repeats where its runs are "
                          "short, up to --max-repeats)")
     ap.add_argument("--max-repeats", type=int, default=8)
