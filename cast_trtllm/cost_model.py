@@ -4,9 +4,7 @@ A width profile is measured once, on one machine, at one thread count; used anyw
 it prices width wrongly (a 1-thread CPU profile at 2 threads is about 3x too steep, so
 `auto` packs trees far too narrow). This model learns the table instead:
 
-- ell(bucket, B): verify ms of B requests each padded to `bucket` packed tokens, with the
-  host work after it that grows with the width (the engine reads the walk, the commit and the
-  KV compaction into it too). Every
+- ell(bucket, B): verify ms of B requests each padded to `bucket` packed tokens. Every
   verify the engine runs is a reading (`observe_verify`): the per-request packed width
   ceil(n / B) falls in the smallest bucket >= it. A cell's estimate is the lower quartile
   of its last `window` readings: on a shared machine latency noise is one-sided (a stall
@@ -51,7 +49,7 @@ from cast_trtllm.cost_curve import robust_line
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
 from cast_trtllm.width import WidthChoice, check_batch, check_masses, check_policy, table_rule_width, width_choice
 
-SCHEMA_VERSION = 2  # 2: a verify reading carries the walk, commit and KV compaction after the pass
+SCHEMA_VERSION = 1
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_MS = 1e-3  # a filled cell is never cheaper than this
 
