@@ -88,11 +88,16 @@ def cell(engine, prompts, max_new: int, c: int, repeats: int, reference=None, mi
         rows[label]["vs_ar"] = rows[label]["tokens_per_s"] / rows["ar"]["tokens_per_s"]
         rows[label]["cpu_s"] = min(x["cpu_s"] for x in runs[label])
         rows[label]["cpu_vs_ar"] = rows["ar"]["cpu_s"] / rows[label]["cpu_s"]
-    noise = max((lambda v: (v[0] - v[1]) / v[0])(sorted(r["runs_tokens_per_s"], reverse=True))
-                for r in rows.values()) if repeats > 1 else float("nan")
+    noise = max(gap(r["runs_tokens_per_s"]) for r in rows.values()) if repeats > 1 else float("nan")
     for row in rows.values():
         row["noise"] = noise
     return rows, reference
+
+
+def gap(runs) -> float | None:
+    """The relative gap between the best and the next-best of `runs` (tokens/s; None: fewer than two)."""
+    best, second, *_ = sorted(runs, reverse=True) + [None]
+    return None if second is None else (best - second) / best
 
 
 def verdict(rows: dict, floor: float = 0.98) -> str:
@@ -228,8 +233,8 @@ def server_bar(rows: list[dict], row: dict) -> str:
     same = {r["method"]: r for r in rows if r["concurrency"] == row["concurrency"]}
     if "cast3" not in same:
         return ""
-    gap = [(v[0] - v[1]) / v[0] for v in (sorted(r["runs"], reverse=True) for r in same.values()) if len(v) > 1]
-    return verdict({"cast:auto": {"vs_ar": row["vs_ar"], "noise": max(gap) if gap else None},
+    gaps = [g for g in (gap(r["runs"]) for r in same.values()) if g is not None]
+    return verdict({"cast:auto": {"vs_ar": row["vs_ar"], "noise": max(gaps) if gaps else None},
                     "cast:3": {"vs_ar": same["cast3"]["vs_ar"]}})
 
 
