@@ -1,30 +1,27 @@
 """`OnlineCostModel`: the verify cost per width bucket, learned from the rounds this machine runs.
 
-A width profile is measured once, on one machine, at one thread count; used anywhere else
-it prices width wrongly (a 1-thread CPU profile at 2 threads is about 3x too steep, so
-`auto` packs trees far too narrow). This model learns the table instead:
+A width profile is measured once, on one machine, at one thread count; used anywhere else it prices width
+wrongly (a 1-thread CPU profile at 2 threads is about 3x too steep, so `auto` packs trees far too narrow).
+This model learns the table instead:
 
-- ell(bucket, B): verify ms of B requests each padded to `bucket` packed tokens. Every
-  verify the engine runs is a reading (`observe_verify`): the per-request packed width
-  ceil(n / B) falls in the smallest bucket >= it. A cell's estimate is the lower quartile
-  of its last `window` readings: on a shared machine latency noise is one-sided (a stall
-  adds time, nothing removes it), so stalls, even several in one window, do not move it,
+- ell(bucket, B): verify ms of B requests each padded to `bucket` packed tokens. Every verify the engine runs
+  is a reading (`observe_verify`): the per-request packed width ceil(n / B) falls in the smallest bucket >=
+  it. A cell's estimate is the lower quartile of its last `window` readings: on a shared machine latency noise
+  is one-sided (a stall adds time, nothing removes it), so stalls, even several in one window, do not move it,
   and every cell is read the same way, which keeps the cells comparable.
-- draft_ms(B): what drafting adds to a round (the drafter call and the tree/mask host
-  work), read the same way (`observe_draft`). Beyond the widest batch read (or from the
-  prior, a B = 1 figure) it grows as the filled verify curve does from that batch's
-  `draft_rows` x B rows to B's: a drafter pass is B blocks of rows on the same hardware,
-  so a compute-bound CPU prices drafting 16 requests near 5x one (measured there: 61 ms
-  against 12 ms for two), and a flat (memory-bound) curve keeps it near flat. Held flat,
-  a fresh engine under load priced its first drafted rounds at the one-request cost and
-  drafted where AR wins (cast:auto 0.91x AR at c = 16, 32 GSM8K prompts).
-- cells never measured are filled from the `prior` (a width profile row or a first-use
-  probe, packed count -> ms at B = 1; B > 1 reads it at B x bucket packed tokens) mapped
-  onto the measured cells by an affine fit a + s * prior: the prior keeps its shape (its
-  cliffs), the live cells set level and slope. Two measured buckets correct an affine
-  prior exactly, whatever its slope. Without a prior, an affine fit of the measured
-  cells in packed tokens; with one cell, flat (optimistic: wider looks free until read).
-  A cell read fewer than `min_readings` times is priced at most at its fill.
+- draft_ms(B): what drafting adds to a round (the drafter call and the tree/mask host work), read the same way
+  (`observe_draft`). Beyond the widest batch read (or from the prior, a B = 1 figure) it grows as the filled
+  verify curve does from that batch's `draft_rows` x B rows to B's: a drafter pass is B blocks of rows on the
+  same hardware, so a compute-bound CPU prices drafting 16 requests near 5x one (measured there: 61 ms against
+  12 ms for two), and a flat (memory-bound) curve keeps it near flat. Held flat, a fresh engine under load
+  priced its first drafted rounds at the one-request cost and drafted where AR wins (cast:auto 0.91x AR at
+  c = 16, 32 GSM8K prompts).
+- cells never measured are filled from the `prior` (a width profile row or a first-use probe, packed count ->
+  ms at B = 1; B > 1 reads it at B x bucket packed tokens) mapped onto the measured cells by an affine fit
+  a + s * prior: the prior keeps its shape (its cliffs), the live cells set level and slope. Two measured buckets
+  correct an affine prior exactly, whatever its slope. Without a prior, an affine fit of the measured cells in
+  packed tokens; with one cell, flat (optimistic: wider looks free until read). A cell read fewer than
+  `min_readings` times is priced at most at its fill.
 - exploration: every `probe_every`-th `choose`, a neighbour bucket of the chosen one with
   fewer than `min_readings` readings (or none for `refresh_rounds` rounds) is played
   instead, wider first, so a wrong prior cannot lock in a narrow tree.
@@ -116,8 +113,7 @@ class OnlineCostModel:
             self.drafts.clear()
 
     def _push(self, readings: list[float], ms: float) -> bool:
-        """Keep the newest `window` readings; -> whether the cell's estimate or known-ness changed (the
-        tables read nothing else of it, so a round that changes neither rebuilds none: ~0.2 ms a round)."""
+        """Keep the newest `window` readings; -> whether what the tables read of them moved (estimate, known)."""
         before = (typical(readings), len(readings) >= self.min_readings) if readings else None
         readings.append(float(ms))
         del readings[:-self.window]
