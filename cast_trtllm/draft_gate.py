@@ -22,10 +22,10 @@ tokens), so a gate turned to AR by an answer's unpredictable opening re-prices o
 That correction is noisy (MT-Bench, B = 1: sd of its log 0.32; a few blocks in a row that accept nothing
 turned 30-45% of rounds to AR where the text was as predictable as where it drafted: auto 1.04x AR, cast:3
 1.17x), so a drafting gate turns to AR only where drafting loses at the correction DOUBT posterior sds up
-(`doubted`; auto 1.10x). Alone only: under load the batch's drafting is the load probe's and the
-guard's call (with doubt, 16 synthetic prompts at once drafted more where no width pays). The price:
-after text turns unpredictable it drafts longer (a head made wrong after 24 code rounds drafted 11-20
-of the next 40 rounds, against 10-14 on the mean).
+(`doubted`; auto 1.10x). Under load too: turning off is one round, coming back waits for the load probe
+(c = 4, synthetic prompts, 2-core CPU: an answer's first blocks turned 2 of 4 gates to AR, 0.6-0.7 of the
+rounds drafted, auto 0.89x of cast:3; with doubt 0.99x); the guard still vetoes what measures slower. The
+price: after text turns unpredictable it drafts longer (a head made wrong after 24 code rounds: 11-20 of 40).
 
 Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting on
 `cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR,
@@ -140,7 +140,7 @@ class DraftGate:
         arm = self.speculate if drafted else self.autoregressive
         arm.update(tokens, round_ms, self.alpha)
         self._stale += 1
-        doubt = drafted and self._best and not cold and batch == 1
+        doubt = drafted and self._best and not cold
         if (not self._clear_win(probe, doubt) if drafted else self.costs is None
                 or abs(self.correction - self._priced_at) > REPRICE
                 or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
