@@ -4,11 +4,11 @@ A width profile is measured once, on one machine, at one thread count; used anyw
 wrongly (a 1-thread CPU profile at 2 threads is about 3x too steep, so `auto` packs trees far too narrow).
 This model learns the table instead:
 
-- ell(bucket, B): verify ms of B requests each padded to `bucket` packed tokens. Every verify the engine runs
-  is a reading (`observe_verify`): the per-request packed width ceil(n / B) falls in the smallest bucket >=
-  it. A cell's estimate is the lower quartile of its last `window` readings: on a shared machine latency noise
-  is one-sided (a stall adds time, nothing removes it), so stalls, even several in one window, do not move it,
-  and every cell is read the same way, which keeps the cells comparable.
+- ell(bucket, B): ms of B requests each padded to `bucket` packed tokens: the verify and the host work after it
+  that grows with the width (walk, commit, KV compaction). Every round is a reading (`observe_verify`): the
+  per-request packed width ceil(n / B) falls in the smallest bucket >= it. A cell's estimate is the lower
+  quartile of its last `window` readings: latency noise is one-sided (a stall adds time), so stalls, even
+  several in one window, do not move it, and every cell is read the same way, which keeps them comparable.
 - draft_ms(B): what drafting adds to a round (the drafter call and the tree/mask host work), read the same way
   (`observe_draft`). Beyond the widest batch read (or from the prior, a B = 1 figure) it grows as the filled
   verify curve does from that batch's `draft_rows` x B rows to B's: a drafter pass is B blocks of rows on the
@@ -46,7 +46,7 @@ from cast_trtllm.cost_curve import robust_line
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
 from cast_trtllm.width import WidthChoice, check_batch, check_masses, check_policy, table_rule_width, width_choice
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a verify reading carries the walk, commit and KV compaction after the pass
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_MS = 1e-3  # a filled cell is never cheaper than this
 

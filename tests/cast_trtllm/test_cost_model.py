@@ -188,7 +188,7 @@ def test_json_round_trip_keeps_readings_and_the_table(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: d.update(schema_version=2), "cost_model.schema_version: this build reads version 1, got 2"),
+    (lambda d: d.update(schema_version=1), "cost_model.schema_version: this build reads version 2, got 1"),
     (lambda d: d.pop("buckets"), "cost_model.buckets: missing"),
     (lambda d: d["verify_ms"]["1"].update({"7": [1.0]}), 'cost_model.verify_ms["1"]["7"]: not one of the buckets'),
     (lambda d: d["verify_ms"]["1"]["8"].append(-1.0), 'cost_model.verify_ms["1"]["8"][1]: expected ms > 0'),

@@ -52,3 +52,23 @@ def test_a_first_drafts_prompt_context_is_not_priced_as_a_per_round_draft_cost()
     assert seq.timings.first_draft_ms >= prompt_pass_ms  # the first draft did pay for the prompt ...
     assert readings.draft and max(readings.draft) < prompt_pass_ms / 3  # ... but no reading carries it
     assert len(readings.draft) == seq.num_rounds  # every drafted round is still read
+
+
+def test_a_verify_reading_carries_the_commit_that_follows_it():
+    """The width rule prices a round's width-dependent work: the verify pass and what follows it (the
+    walk, the commit, the KV compaction). A KV compaction made COMMIT_MS slower shows in every reading."""
+    commit_ms = 20.0
+    target = random_target(seed=5, vocab_size=VOCAB)
+    drafter = DrafterExecutor(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=6), target)
+    readings = Readings()
+    engine = LLMEngine(target, drafter, spec=SpecConfig(method="cast", budget=3), cost=readings)
+    real = engine.target.commit_many  # the engine's backend over the model
+
+    def slow_commit(*args, **kwargs):
+        time.sleep(commit_ms / 1e3)
+        return real(*args, **kwargs)
+    engine.target.commit_many = slow_commit
+    seq = engine.add_request(Request(np.arange(1, 20).tolist(), 6))
+    while engine.active:
+        engine.step()
+    assert len(readings.verify) == seq.num_rounds and min(readings.verify) >= commit_ms
