@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     built = build_engine()
     engine, n, new = built.engine, args.num_prompts, args.max_new_tokens
     encode = built.encode
-    report = {"command": "python -m perf.never_slower " + " ".join(argv or sys.argv[1:]),
+    report = {"command": "python -m perf.never_slower " + " ".join(argv or sys.argv[1:]), "code": code_version(),
               "machine": machine_info(), "engine": built.describe(), "cells": []}
     for m in METHODS:  # warm-up: graphs, caches, the cost model's first readings
         serve_method(engine, m, synthetic(encode, 2, seed=99), 16, 2)
@@ -171,6 +171,19 @@ def main(argv=None) -> None:
     out.with_suffix(".md").write_text(page(report))
 
 
+def code_version() -> str:
+    """The checkout's short commit (+ "-dirty" with uncommitted changes), or "unknown" outside git."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return (head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def aiperf_part(run: Path) -> dict:
     """The server part from one `perf/aiperf_run.sh` run folder: its command and summary rows."""
     summary, command = run / "summary.json", run / "command.txt"
@@ -183,7 +196,8 @@ def aiperf_part(run: Path) -> dict:
 def page(report: dict) -> str:
     m = report["machine"]
     lines = ["# Never slower than AR (issue 40)", "",
-             f"`{report['command']}` — {report['wall_minutes']:.1f} min. Machine: {json.dumps(m)}.",
+             f"`{report['command']}` at code {report.get('code', 'unknown')} — {report['wall_minutes']:.1f} min. "
+             f"Machine: {json.dumps(m)}.",
              f"Engine: {json.dumps(report['engine'])}.", "",
              "Each figure is a method's fastest of its repeats in tokens/s (wall, prefill included), methods "
              "interleaved in one run with the order rotated; `x AR` is over AR in the same cell. drafted = share of "

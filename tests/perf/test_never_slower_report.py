@@ -18,8 +18,20 @@ def test_the_page_has_one_row_per_cell_with_ratios_over_ar():
     report = {"command": "python -m perf.never_slower --out x", "machine": {"cpu_model": "cpu"}, "engine": {},
               "wall_minutes": 1.0, "cells": [{"part": "B = 1", "workload": "gsm8k", "concurrency": 1, "rows": {
                   "ar": row, "cast:3": row | {"vs_ar": 1.25, "cpu_vs_ar": 1.2}, "cast:auto": row | {"vs_ar": 0.99}}}]}
-    text = page(report)
+    text = page(report | {"code": "8c2cfb6"})
     assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | MISS | 2.0% | 3 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
+    assert "--out x` at code 8c2cfb6 —" in text and "at code unknown" in page(report)  # older reports: no code
+
+
+def test_a_report_names_the_commit_it_measured():
+    """The figures belong to a commit: this checkout's (CI clones it), "-dirty" with uncommitted changes."""
+    import re
+    import subprocess
+
+    from perf.never_slower import code_version
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    version = code_version()
+    assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", version) and version.startswith(head)
 
 
 def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_within_noise_where_one_does():
