@@ -22,25 +22,25 @@ tokens), so a gate turned to AR by an answer's unpredictable opening re-prices o
 That correction is noisy (MT-Bench, B = 1: sd of its log 0.32; a few blocks in a row that accept nothing
 turned 30-45% of rounds to AR where the text was as predictable as where it drafted: auto 1.04x AR, cast:3
 1.17x), so a drafting gate turns to AR only where drafting loses at the correction DOUBT posterior sds up
-(`doubted`; auto 1.10x). Under load too: turning off is one round, coming back waits for the load probe
-(c = 4, synthetic prompts, 2-core CPU: an answer's first blocks turned 2 of 4 gates to AR, 0.6-0.7 of the
-rounds drafted, auto 0.89x of cast:3; with doubt 0.99x); the guard still vetoes what measures slower. The
-price: after text turns unpredictable it drafts longer (a head made wrong after 24 code rounds: 11-20 of 40).
+(`doubted`; auto 1.10x), and a try from AR (one round) is judged the same way: optimism in the face of
+uncertainty, gone as the evidence grows. Under load too (c = 4, synthetic prompts, 2-core CPU: an answer's
+first blocks turned gates to AR, a try of all 4 in the answers' 2nd round confirmed it, auto 0.89x of
+cast:3). An answer's first `min_drafted` drafted rounds never turn a drafting gate off; the guard still
+vetoes what measures slower. The price: when text turns unpredictable it drafts longer (11-20 of 40 rounds).
 
 Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting on
-`cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR,
-the longest at once while the table prices drafting far below AR: `LoadProbe`'s rule too), and only
-where the try can pay back: its extra cost (a drafted round over an AR round, plus the one-off context
-pass over the rows committed since the last draft, `once_ms`) must be at most `PROBE_GAIN` of the AR
-time left (`horizon` tokens); turning drafting on must win that pass back within the horizon too. A
-try accepting >= `PROMISING` of its forecast restarts the request's evidence from itself (the text
-changed). A new request inherits the engine's pooled evidence (`cast_trtllm.engine_evidence`) and
-backoff (up to `settled` tries), so arrivals pay no drafted warm-up; a gate with no evidence drafts
-its first `min_drafted` rounds. Alone, a new request whose inherited evidence says AR tries once in
-its first round (its text is new) where that costs at most PROBE_SHARE of its AR rounds left.
-AR rounds re-price every max(probe_every, batch) rounds (doubled like the waits) or once the correction
-faded by REPRICE; drafted ones unless the priced win, scaled by how far the typical masses shrank,
-still wins (`_clear_win`)."""
+`cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR, the
+longest at once while the table prices drafting far below AR: `LoadProbe`'s rule too), and only where the
+try can pay back: its extra cost (a drafted round over an AR round, plus the one-off context pass over the
+rows committed since the last draft, `once_ms`) must be at most `PROBE_GAIN` of the AR time left (`horizon`
+tokens); turning drafting on must win that pass back within the horizon too. A try accepting >= `PROMISING`
+of its forecast restarts the request's evidence from itself (the text changed). A new request inherits the
+engine's pooled evidence (`cast_trtllm.engine_evidence`) and backoff (up to `settled` tries), so arrivals pay
+no drafted warm-up; a gate with no evidence drafts its first `min_drafted` rounds. Alone, a new request whose
+inherited evidence says AR tries once in its first round (its text is new) where that costs at most
+PROBE_SHARE of its AR rounds left. AR rounds re-price every max(probe_every, batch) rounds (doubled like the
+waits) or once the correction faded by REPRICE; drafted ones unless the priced win, scaled by how far the
+typical masses shrank, still wins (`_clear_win`)."""
 
 from __future__ import annotations
 
@@ -137,15 +137,15 @@ class DraftGate:
             self.packed = packed
         if drafted and masses is not None:
             self.masses = blend(self.masses, masses, self.alpha)
-        arm = self.speculate if drafted else self.autoregressive
-        arm.update(tokens, round_ms, self.alpha)
+        (self.speculate if drafted else self.autoregressive).update(tokens, round_ms, self.alpha)
         self._stale += 1
         doubt = drafted and self._best and not cold
-        if (not self._clear_win(probe, doubt) if drafted else self.costs is None
+        opening = doubt and self.autoregressive.rounds == 0 and self.speculate.rounds < self.min_drafted
+        if not opening and (not self._clear_win(probe, doubt) if drafted else self.costs is None
                 or abs(self.correction - self._priced_at) > REPRICE
                 or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
             # AR rounds re-price as rarely as they try, or once the evidence has faded towards the engine's
-            self._best, self._stale, self._priced_at = self.best_is_speculate(doubt), 0, self.correction
+            self._best, self._stale, self._priced_at = self.best_is_speculate(doubt or probe), 0, self.correction
         if probe:
             self.backoff.record(still_ar=not self._best)
         elif drafted and self._best:

@@ -21,6 +21,9 @@ This guard closes the loop on what the rounds did:
   the whole batch confirms drafting (`lift`), or until every request it was measured on has left
   (`expire`: a veto held over from a c = 16 batch kept the next c = 4 batch, where drafting wins
   1.2x, on AR for its first 8 rounds). A full window that does not veto ends the run of vetoes.
+  Without a veto, the window's rounds are dropped too once none of their requests is live: they measured
+  other texts (c = 4 continuous, runs back to back: rounds read on GSM8K answers, with 3 of a new batch's
+  first 4 rounds, vetoed synthetic prompts where cast:3 won 1.09x AR).
 
 Why the standard error: a veto holds the batch on AR for 16 rounds or more, so a window that lost by
 chance costs what drafting wins. At c = 4 continuous (synthetic + GSM8K, 48 tokens, 2-core CPU), where
@@ -57,7 +60,7 @@ class RealizedGuard:
     vetoes: int = 0  # vetoes in a row (no full window of drafted rounds read without one since)
     _held: int = 0  # rounds under load since the veto
     _holders: tuple = ()  # the requests of the round that vetoed: the verdict is about their texts
-    _rounds: deque = field(init=False)  # (wall ms, AR ms for the same tokens) of recent drafted rounds
+    _rounds: deque = field(init=False)  # (wall ms, AR ms for the same tokens, requests) of recent drafted rounds
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -87,10 +90,10 @@ class RealizedGuard:
             return False
         if self.fit == 0.0 or self.vetoed:
             return False  # no AR round read yet to compare with (or already vetoed: a probe's round)
-        self._rounds.append((wall_ms, committed / batch * ar_priced_ms * self.fit))
+        self._rounds.append((wall_ms, committed / batch * ar_priced_ms * self.fit, tuple(members)))
         if len(self._rounds) < self.early:
             return False
-        spent, ar = (sum(r) for r in zip(*self._rounds))
+        spent, ar = self._sums()
         full = len(self._rounds) == self.window
         self.vetoed = spent > (ar + self.doubt * self._error() if full else self.clear * ar)
         if self.vetoed:
@@ -103,18 +106,21 @@ class RealizedGuard:
     def _error(self) -> float:
         """A robust standard error of the window's summed loss (drafted ms - AR ms, round by round): the
         median absolute deviation scaled to a normal sd (a stalled round must not widen it), x sqrt(n)."""
-        loss = [w - a for w, a in self._rounds]
+        loss = [w - a for w, a, _ in self._rounds]
         mid = median(loss)
         return 1.4826 * median(abs(x - mid) for x in loss) * len(loss) ** 0.5
 
     def expire(self, live) -> None:
-        """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts)."""
-        if not self.vetoed:
-            return
-        alive = {id(x) for x in live}  # the holders are referenced here, so their ids are not reused
-        if not any(id(h) in alive for h in self._holders):
+        """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts);
+        without one, drop the window's rounds once none of their requests is live."""
+        alive = {id(x) for x in live}  # the requests are referenced here, so their ids are not reused
+        if self.vetoed and not any(id(h) in alive for h in self._holders):
             self.vetoes = 0
             self._end()
+        elif not self.vetoed:
+            read = [m for *_, ms in self._rounds for m in ms]
+            if read and not any(id(m) in alive for m in read):
+                self._rounds.clear()
 
     def lift(self) -> bool:
         """A try of the whole batch confirmed drafting: the veto ends once it has held `hold` << (vetoes
@@ -138,5 +144,9 @@ class RealizedGuard:
         """AR ms over drafted ms for the same tokens, over the drafted rounds read (None: none yet)."""
         if not self._rounds:
             return None
-        spent, ar = (sum(r) for r in zip(*self._rounds))
+        spent, ar = self._sums()
         return ar / spent
+
+    def _sums(self) -> tuple[float, float]:
+        """(drafted ms, AR ms for the same tokens) summed over the window's rounds."""
+        return sum(r[0] for r in self._rounds), sum(r[1] for r in self._rounds)

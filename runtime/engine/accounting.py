@@ -67,11 +67,11 @@ def probed(engine, batch: list[Sequence], masses: list) -> None:
         fresh = {id(s): m for s, m in zip(batch, masses) if m is not None}
         gated = [s.gate for s in batch if s.gate is not None]
         probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers if id(s) in fresh],
-                       engine.load, sum(g.once_ms for g in gated), rounds_left(gated))
+                       engine.load, sum(g.once_ms for g in gated), rounds_left(gated), batch)
         return
-    wants = [s.gate.typical_masses() for s in wanting(batch)]
+    wants = [s.gate.typical_masses(doubt=True) for s in wanting(batch)]  # as their gates chose (`doubted`)
     drafts = bool(wants) and probe.subset_pays(wants, engine.load)
-    probe.confirmed(still_ar=not (drafts and (engine.guard is None or engine.guard.lift())))
+    probe.confirmed(still_ar=not (drafts and (engine.guard is None or engine.guard.lift())), live=batch)
 
 
 def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: float) -> None:
@@ -79,13 +79,15 @@ def guard(engine, batch: list[Sequence], drafting: list[Sequence], wall_ms: floa
     those the gates chose (a probe's try is the probe's cost). A veto backs the load probe off."""
     if engine.guard is None:
         return
-    engine.guard.expire([s for s in engine.active if not s.done])
+    live = [s for s in engine.active if not s.done]
+    engine.guard.expire(live)
+    engine.load_probe.expire(live)
     if len(batch) < 2 or (drafting and engine.probing) or wall_ms <= 0 or any(s.gate is None for s in drafting):
         return  # alone, a probe's try, or a round drafted for requests without a gate: not the gates' choice
     committed = sum(max(s.accept_lengths[-1], 1) for s in batch)
     ar_ms = engine.cost.round_ms(1, len(batch), drafted=False)
     if engine.guard.observe(bool(drafting), len(batch), committed, wall_ms, ar_ms, tuple(batch)):
-        engine.load_probe.confirmed(still_ar=True)
+        engine.load_probe.confirmed(still_ar=True, live=batch)
 
 
 def rounds_left(gates) -> float | None:

@@ -172,14 +172,15 @@ class LLMEngine:
                                                                        for s in batch):  # none drafts anyway
             wants = wanting(gated)  # priced as the round runs them; AR-playing gates may join them
             others = joiners(gated, PROBE_SHARE * self.cost.round_ms(1, load, drafted=False)) if wants else []
-            wm = [s.gate.typical_masses() for s in wants]
+            wm = [s.gate.typical_masses(doubt=True) for s in wants]  # priced as their gates chose (`DraftGate.doubted`)
             if self.load_probe.join_pays(wm, [s.gate.typical_masses() for s in others], load):
                 for s in others:
                     s.draft_next = True
             elif not self.load_probe.subset_pays(wm, load):
                 for s in wants:
                     s.draft_next = False
-        if self.load_probe is not None and load > 1 and gated and not any(s.draft_next for s in gated):
+        full = self.load_probe is not None and self.load_probe.pending  # a screen looked promising: all try
+        if self.load_probe is not None and load > 1 and gated and (full or not any(s.draft_next for s in gated)):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
             trying = sorted(gated, key=lambda s: s.gate.once_ms)[:self.load_probe.trying(len(gated))]  # cheapest
             self.probing = self.load_probe.due(masses, load, sum(s.gate.once_ms for s in trying),

@@ -348,3 +348,58 @@ def test_a_drafting_gate_turns_to_ar_on_evidence_beyond_its_noise_not_on_a_short
     for batch in (1, 4):
         turned, doubted = _misses(batch=batch)
         assert 2 <= turned < doubted <= turned + 6
+
+
+def _pool(hits: int, masses: np.ndarray) -> EngineEvidence:
+    """The engine's evidence after 40 drafted rounds forecasting 2.3 tokens, `hits` of them committing 2."""
+    pool = EngineEvidence()
+    for i in range(40):
+        pool.add(2 if i < hits else 1, 2.3, masses, 4, confirmed=0)
+    return pool
+
+
+def test_an_answers_first_blocks_never_turn_an_inherited_drafting_gate_to_ar():
+    """c = 4, synthetic prompts, runs back to back: the first 2 blocks of each answer accepted little
+    (corrections 0.59-0.64), every inherited gate turned to AR after its 2nd round and the probe kept the
+    batch there (cast:3 1.1x AR). A gate drafting from its first round on inherited evidence plays its
+    first `min_drafted` drafted rounds whatever they accept; misses beyond them turn it to AR."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=6.0, probe_every=10_000)
+    for _ in range(3):
+        for bucket, ms in ((1, 20.0), (2, 24.0), (4, 28.0), (8, 36.0)):
+            model.observe_verify(bucket * 4, ms, 4)
+    masses = np.array([0.6, 0.4, 0.3])
+    gate = DraftGate(costs=model, batch=4)
+    gate.inherit(_pool(40, masses))
+    plays = []
+    for _ in range(8):
+        gate.record(True, 1, 34.0, expected=2.3, packed=4, masses=masses, batch=4)
+        plays.append(gate.draft_next())
+    assert not gate.best_is_speculate(doubt=True)  # the misses price AR even one sd up
+    assert plays[:gate.min_drafted - 1] == [True] * (gate.min_drafted - 1) and not any(plays[gate.min_drafted - 1:])
+
+
+def test_a_try_from_ar_is_judged_at_its_correction_one_sd_up():
+    """A try is one round: on text where drafting barely pays, one that accepted 1 of 2.5 forecast
+    tokens (below `PROMISING`, so the evidence is not restarted) turned the gate back to AR, and the
+    batch waited the probe's backoff (c = 4, synthetic prompts: a try of all 4 in the answers' 2nd round,
+    then 128 rounds of AR). Judged at the doubted correction, as a drafting gate is, it drafts on; the
+    next misses turn it off on the same rule."""
+    from cast_trtllm.cost_model import OnlineCostModel
+
+    model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=6.0, probe_every=10_000)
+    for _ in range(3):
+        for bucket, ms in ((1, 20.0), (2, 24.0), (4, 28.0), (8, 36.0)):
+            model.observe_verify(bucket * 4, ms, 4)
+    masses = np.array([0.6, 0.4, 0.3])
+    gate = DraftGate(costs=model, batch=4)
+    gate.inherit(_pool(32, masses))
+    assert not gate.draft_next()  # the engine's evidence prices AR
+    gate.record(False, 1, 20.0, batch=4)
+    gate.record(True, 2, 34.0, expected=3.5, packed=4, masses=masses, batch=4)  # the try
+    assert not gate.best_is_speculate() and gate.best_is_speculate(doubt=True)
+    assert gate.draft_next()
+    for _ in range(6):
+        gate.record(True, 1, 34.0, expected=2.3, packed=4, masses=masses, batch=4)
+    assert not gate.draft_next()

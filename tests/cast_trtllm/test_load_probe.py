@@ -165,3 +165,34 @@ def test_a_probe_counts_only_the_rounds_after_its_own_towards_its_gain():
         probe.costs.observe_draft(4.0, batch=1)
         fired = [i for i in range(8) if probe.due(TINY, 8, once_ms=10.0, horizon=horizon, trying=probe.trying(8))]
         assert probe.screening and probe.lead == 2 and bool(fired) is due
+
+
+def test_a_backoff_learned_on_texts_that_have_all_left_drops_to_settled_tries():
+    """c = 4 continuous, runs back to back: a 32-round wait learned on GSM8K answers held the next batch of
+    synthetic prompts (cast:3 1.04x AR) on AR for its whole run. A probe's verdict holds while one of the
+    requests it was taken on is live; then the backoff drops to `settled` tries (the wait every << 2)."""
+    probe = LoadProbe(_table(60.0), every=4, max_backoff=5)
+    old, new = [object(), object()], [object(), object()]
+    for _ in range(4):
+        probe.confirmed(still_ar=True, live=old)
+    assert probe.interval == 64
+    probe.expire(old[1:] + new)
+    assert probe.interval == 64  # one of them is still live
+    probe.expire(new)
+    assert probe.interval == 16
+    probe.confirmed(still_ar=False, live=new)  # drafting turned on: nothing to expire, the waits start afresh
+    probe.expire([])
+    assert probe.interval == 4
+
+
+def test_a_promising_screen_is_pending_until_the_try_of_all_is_read():
+    """After a promising screen the next round tries every request, also where the screened ones now
+    draft on their own (`LLMEngine._drafts` asks the probe whenever it is `pending`)."""
+    probe = LoadProbe(_table(20.0, draft_ms=1.0), every=4)
+    probe.trying(8)
+    assert not probe.pending
+    assert probe.screened([np.array([0.95, 0.9, 0.85])], 8)
+    assert probe.pending and probe.trying(8) == 8
+    assert probe.due(MASSES, 8, trying=8)
+    probe.confirmed(still_ar=True)
+    assert not probe.pending

@@ -73,6 +73,23 @@ def test_a_veto_expires_once_every_request_it_was_measured_on_has_left():
     assert not guard.vetoed
 
 
+def test_drafted_rounds_read_on_requests_that_have_all_left_are_dropped_before_they_judge_new_ones():
+    """c = 4 continuous, runs back to back: rounds read on GSM8K answers, with 3 of the next batch's first
+    rounds, vetoed synthetic prompts where drafting won. Rounds of requests no longer live are dropped."""
+    guard = RealizedGuard(window=4, early=4)
+    _ar(guard, 1)
+    old, new = (object(), object()), (object(), object())
+    for _ in range(3):
+        assert not guard.observe(True, 2, 2, 80.0, 40.0, old)  # each lost to AR: 80 ms against 44
+    guard.expire(new)  # the old requests have left
+    assert guard.ratio is None
+    assert not guard.observe(True, 2, 2, 80.0, 40.0, new)  # one round of the new texts: no verdict yet
+    for _ in range(3):
+        assert not guard.observe(True, 2, 6, 80.0, 40.0, new)  # they win: 3 tokens each for 80 ms vs 132
+    guard.expire(new[1:])  # one of the rounds' requests is live: the window stays
+    assert guard.ratio is not None and guard.ratio > 1
+
+
 def test_a_clear_loss_vetoes_before_the_window_is_full_a_slight_one_waits_for_it():
     """Defaults: 16 rounds, or from 6 on at 1.4x. AR 44 ms for 16 tokens: 1.63 tokens a request in
     115 ms is 1.6x AR's ms (vetoed at the 6th round); 1.875 in 88 ms is 1.07x (vetoed at the 16th)."""
