@@ -313,15 +313,21 @@ def test_a_new_request_inherits_the_engines_backoff_only_up_to_settled_tries():
     assert gate.backoff.interval(priced=0.5) == gate.backoff.longest
 
 
-def _misses(batch: int) -> tuple[int, int]:
-    """A gate drafting on text whose forecasts come true, then on blocks accepting nothing: (the miss after
-    which its correction alone prices AR, the one after which it plays AR)."""
+def _read_at(batch: int):
+    """A table read at `batch`: verify rounds of 1 / 2 / 4 / 8 packed tokens a request at 20 / 24 / 28 / 36 ms."""
     from cast_trtllm.cost_model import OnlineCostModel
 
     model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=6.0, probe_every=10_000)
     for _ in range(3):
         for bucket, ms in ((1, 20.0), (2, 24.0), (4, 28.0), (8, 36.0)):
             model.observe_verify(bucket * batch, ms, batch)
+    return model
+
+
+def _misses(batch: int) -> tuple[int, int]:
+    """A gate drafting on text whose forecasts come true, then on blocks accepting nothing: (the miss after
+    which its correction alone prices AR, the one after which it plays AR)."""
+    model = _read_at(batch)
     masses, pool = np.array([0.6, 0.4, 0.3]), EngineEvidence()
     for _ in range(40):  # the engine's evidence: forecasts come true
         pool.add(2, 2.3, masses, 4, confirmed=0)
@@ -363,14 +369,8 @@ def test_an_answers_first_blocks_never_turn_an_inherited_drafting_gate_to_ar():
     (corrections 0.59-0.64), every inherited gate turned to AR after its 2nd round and the probe kept the
     batch there (cast:3 1.1x AR). A gate drafting from its first round on inherited evidence plays its
     first `min_drafted` drafted rounds whatever they accept; misses beyond them turn it to AR."""
-    from cast_trtllm.cost_model import OnlineCostModel
-
-    model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=6.0, probe_every=10_000)
-    for _ in range(3):
-        for bucket, ms in ((1, 20.0), (2, 24.0), (4, 28.0), (8, 36.0)):
-            model.observe_verify(bucket * 4, ms, 4)
     masses = np.array([0.6, 0.4, 0.3])
-    gate = DraftGate(costs=model, batch=4)
+    gate = DraftGate(costs=_read_at(4), batch=4)
     gate.inherit(_pool(40, masses))
     plays = []
     for _ in range(8):
@@ -386,14 +386,8 @@ def test_a_try_from_ar_is_judged_at_its_correction_one_sd_up():
     batch waited the probe's backoff (c = 4, synthetic prompts: a try of all 4 in the answers' 2nd round,
     then 128 rounds of AR). Judged at the doubted correction, as a drafting gate is, it drafts on; the
     next misses turn it off on the same rule."""
-    from cast_trtllm.cost_model import OnlineCostModel
-
-    model = OnlineCostModel(buckets=(1, 2, 4, 8), prior_draft_ms=6.0, probe_every=10_000)
-    for _ in range(3):
-        for bucket, ms in ((1, 20.0), (2, 24.0), (4, 28.0), (8, 36.0)):
-            model.observe_verify(bucket * 4, ms, 4)
     masses = np.array([0.6, 0.4, 0.3])
-    gate = DraftGate(costs=model, batch=4)
+    gate = DraftGate(costs=_read_at(4), batch=4)
     gate.inherit(_pool(32, masses))
     assert not gate.draft_next()  # the engine's evidence prices AR
     gate.record(False, 1, 20.0, batch=4)
