@@ -94,6 +94,24 @@ def test_requests_playing_ar_join_a_round_that_drafts_where_their_few_best_nodes
     assert not probe.join_pays([], middling, 8) and not probe.join_pays(MASSES[:4], [], 8)
 
 
+def test_a_joiner_is_priced_by_the_nodes_its_own_padded_rows_hold_not_against_the_others_nodes():
+    """Every request's rows are padded to the round's bucket, so a joiner's best nodes take no one's slot.
+    Priced as one pool, 7 drafting requests at bucket 2 (one node each) filled the 8th request's slot with
+    their own second nodes, and the joiner's 0.6 looked like no gain (c = 4 continuous, 2-core CPU: one
+    request rode 30 drafted rounds on AR, 1 token each; auto 0.82x of cast:3). Its own slot gains 0.6
+    tokens for a draft pass that costs no more at 8 than at 7."""
+    wants, joiner = [np.array([0.9, 0.8, 0.6])] * 7, [np.array([0.6, 0.4, 0.3])]
+    for draft_at_8, joins in ((10.0, True), (16.0, False)):  # at 16 ms, 0.6 tokens do not pay 6 ms more
+        model = OnlineCostModel(buckets=(1, 2, 4, 8), probe_every=10_000)
+        model.observe_draft(10.0, batch=7)
+        model.observe_draft(draft_at_8, batch=8)
+        for _ in range(3):
+            for bucket, ms in ((1, 20.0), (2, 22.0), (4, 60.0), (8, 120.0)):
+                model.observe_verify(8 * bucket, ms, batch=8)
+        assert model.choose(np.sort(np.concatenate(wants))[::-1], 8, explore=False, drafting=7).bucket == 2
+        assert LoadProbe(model).join_pays(wants, joiner, 8) is joins
+
+
 @pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5},
                                     {"screen": 0.0}])
 def test_bad_settings_are_refused(kwargs):
