@@ -22,11 +22,12 @@ tokens), so a gate turned to AR by an answer's unpredictable opening re-prices o
 That correction is noisy (MT-Bench, B = 1: sd of its log 0.32; a few blocks in a row that accept nothing
 turned 30-45% of rounds to AR where the text was as predictable as where it drafted: auto 1.04x AR, cast:3
 1.17x), so a drafting gate turns to AR only where drafting loses at the correction DOUBT posterior sds up
-(`doubted`; auto 1.10x), and a try from AR (one round) is judged the same way: optimism in the face of
-uncertainty, gone as the evidence grows. Under load too (c = 4, synthetic prompts, 2-core CPU: an answer's
-first blocks turned gates to AR, a try of all 4 in the answers' 2nd round confirmed it, auto 0.89x of
-cast:3). An answer's first `min_drafted` drafted rounds never turn a drafting gate off; the guard still
-vetoes what measures slower. The price: when text turns unpredictable it drafts longer (11-20 of 40 rounds).
+(`doubted`; auto 1.10x). Under load, where a gate's AR parks it until the load probe's backoff (16-128
+rounds), not its own next try (4), a try from AR (one round) is judged the same way, and an answer's first
+`min_drafted` drafted rounds never turn a gate off (c = 4, synthetic prompts, 2-core CPU: an answer's first
+blocks turned gates to AR, a try of all 4 in the answers' 2nd round confirmed it: auto 0.89x of cast:3;
+alone, the same rules cost 2-3% through the server on text where drafting loses). The guard still vetoes
+what measures slower. The price: when text turns unpredictable it drafts longer (11-20 of 40 rounds).
 
 Never slower than AR where drafting does not pay (issue 40): a gate playing AR tries drafting on
 `cast_trtllm.probe_backoff.ProbeBackoff`'s schedule (the wait doubles with each try that confirms AR, the
@@ -110,9 +111,8 @@ class DraftGate:
 
     def record(self, drafted: bool, committed: int, round_ms: float, expected: float | None = None,
                packed: int | None = None, masses: np.ndarray | None = None, batch: int = 1) -> None:
-        """One finished round: committed tokens (>= 1), its wall ms (draft included) and, for
-        a drafted round, its forecast committed length 1 + sum of calibrated node masses and
-        its packed tokens N + 1 (what `costs` prices it at); `batch`: requests in the round."""
+        """One finished round: committed tokens (>= 1), its wall ms (draft included) and, for a drafted round,
+        its forecast 1 + sum of calibrated node masses and packed tokens N + 1; `batch`: requests in the round."""
         if batch < 1:
             raise ValueError(f"a round has >= 1 request, got batch {batch}")
         self.batch = batch
@@ -140,12 +140,13 @@ class DraftGate:
         (self.speculate if drafted else self.autoregressive).update(tokens, round_ms, self.alpha)
         self._stale += 1
         doubt = drafted and self._best and not cold
-        opening = doubt and self.autoregressive.rounds == 0 and self.speculate.rounds < self.min_drafted
-        if not opening and (not self._clear_win(probe, doubt) if drafted else self.costs is None
+        opening = batch > 1 and self.autoregressive.rounds == 0 and self.speculate.rounds < self.min_drafted
+        if not (doubt and opening) and (not self._clear_win(probe, doubt) if drafted else self.costs is None
                 or abs(self.correction - self._priced_at) > REPRICE
                 or self._stale >= max(self.probe_every, batch) << self.backoff.confirmed):
             # AR rounds re-price as rarely as they try, or once the evidence has faded towards the engine's
-            self._best, self._stale, self._priced_at = self.best_is_speculate(doubt or probe), 0, self.correction
+            upper = doubt or probe and batch > 1  # under load a try is judged one sd up too (module docstring)
+            self._best, self._stale, self._priced_at = self.best_is_speculate(upper), 0, self.correction
         if probe:
             self.backoff.record(still_ar=not self._best)
         elif drafted and self._best:
@@ -171,8 +172,7 @@ class DraftGate:
 
     @property
     def correction(self) -> float:
-        """Realized / predicted accepted tokens of this request (faded, `memory`), shrunk by
-        `prior_tokens` to the engine's pooled ratio (1 without a pool)."""
+        """Realized / predicted accepted tokens (faded, `memory`), shrunk by `prior_tokens` to the pool's ratio."""
         prior = 1.0 if self.pool is None else self.pool.ratio()
         return (self.realized + self.prior_tokens * prior) / (self.predicted + self.prior_tokens)
 
