@@ -18,6 +18,14 @@ import numpy as np
 NEW_TEXT_EVERY = 8  # at most this many arrivals between new-text tries (`EngineEvidence.new_text_due`)
 
 
+def all_left(members, live) -> bool:
+    """Whether none of `members` (requests, any objects) is `live`, by identity: evidence read on them
+    speaks for their texts only (`LoadProbe.expire`, `RealizedGuard.expire`). The callers hold the
+    members, so their ids are not reused."""
+    alive = {id(x) for x in live}
+    return not any(id(m) in alive for m in members)
+
+
 def blend(old: np.ndarray | None, new: np.ndarray, alpha: float) -> np.ndarray:
     """EWMA of descending mass vectors (zero-padded to the longer): it stays descending."""
     new = np.asarray(new, dtype=np.float64)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from cast_trtllm.engine_evidence import all_left
 from cast_trtllm.probe_backoff import PROBE_GAIN, ProbeBackoff, try_cost_rounds, try_pays
 
 if TYPE_CHECKING:
@@ -152,11 +153,10 @@ class LoadProbe:
         rounds while it committed 1 token each: auto 0.82x of cast:3.)"""
         if not wants or not others:
             return False
-        alone = self.costs.choose(_pooled(wants), batch, explore=False, drafting=min(len(wants), batch))
-        slots = max(alone.bucket - 1, 0)
-        beta = self.costs.mass_exponent  # calibrated as the width rule reads masses
-        gain = sum(float((np.sort(np.asarray(m, np.float64))[::-1][:slots] ** beta).sum()) for m in others)
         n = min(len(wants), batch)
+        alone = self.costs.choose(_pooled(wants), batch, explore=False, drafting=n)
+        slots, beta = max(alone.bucket - 1, 0), self.costs.mass_exponent  # calibrated as the width rule reads them
+        gain = sum(float((np.asarray(m, np.float64)[:slots] ** beta).sum()) for m in others)  # each descending
         ms = self.costs.round_ms(alone.bucket, batch, drafted=False) + self.costs.draft_ms(n)
         extra = max(self.costs.draft_ms(min(n + len(others), batch)) - self.costs.draft_ms(n), 0.0)
         together = (alone.predicted_tokens_per_ms * ms + gain) / (ms + extra)  # the round's tokens/ms with them
@@ -199,10 +199,7 @@ class LoadProbe:
     def expire(self, live: Sequence) -> None:
         """Once none of the requests live at the last probe that confirmed AR is `live` (new texts), the
         backoff drops to `settled` tries and the wait is priced afresh."""
-        if not self._texts:
-            return
-        alive = {id(x) for x in live}  # the requests are referenced here, so their ids are not reused
-        if not any(id(t) in alive for t in self._texts):
+        if self._texts and all_left(self._texts, live):
             self._texts, self._wait = (), None
             self._backoff.confirmed = min(self._backoff.confirmed, self._backoff.settled)
 

@@ -43,6 +43,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
+from cast_trtllm.engine_evidence import all_left
+
 
 @dataclass(slots=True)
 class RealizedGuard:
@@ -113,13 +115,12 @@ class RealizedGuard:
     def expire(self, live) -> None:
         """Lift a veto once none of the requests it was measured on is `live` (a new batch, new texts);
         without one, drop the window's rounds once none of their requests is live."""
-        alive = {id(x) for x in live}  # the requests are referenced here, so their ids are not reused
-        if self.vetoed and not any(id(h) in alive for h in self._holders):
+        if self.vetoed and all_left(self._holders, live):
             self.vetoes = 0
             self._end()
         elif not self.vetoed:
             read = [m for *_, ms in self._rounds for m in ms]
-            if read and not any(id(m) in alive for m in read):
+            if read and all_left(read, live):
                 self._rounds.clear()
 
     def lift(self) -> bool:
