@@ -44,7 +44,8 @@ import numpy as np
 
 from cast_trtllm.cost_curve import robust_line
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
-from cast_trtllm.width import WidthChoice, check_batch, check_masses, check_policy, table_rule_width, width_choice
+from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_policy, drafting_of, table_rule_width,
+                               width_choice)
 
 SCHEMA_VERSION = 2  # 2: a verify reading carries the walk, commit and KV compaction after the pass
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -214,28 +215,27 @@ class OnlineCostModel:
                drafting: int | None = None) -> WidthChoice:
         """Budget for this drafted round (WidthPolicy.choose's contract), from the learned table.
 
-        masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
+        masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the drafting
         requests), calibrated here as rho ** mass_exponent. Every `probe_every`-th call
         (with `explore`) may play a neighbour bucket instead. drafting: the requests of the B
-        that draft (the draft pass is priced at that many; None: all B)."""
-        rho = check_masses(masses_desc) ** self.mass_exponent
-        if drafting is not None and not 1 <= drafting <= batch:
-            raise ValueError(f"{drafting} drafting requests in a round of {batch}")
-        ms, fixed, hi = self.verify_ms(batch), self.draft_ms(drafting or batch), batch * self.max_budget
-        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch)
+        that draft (None: all B): the budget spreads over their packs and the draft pass is
+        theirs; the verify is the B-request row (it pads every request to the widest pack)."""
+        rho, spread = check_masses(masses_desc) ** self.mass_exponent, drafting_of(drafting, batch)
+        ms, fixed, hi = self.verify_ms(batch), self.draft_ms(spread), spread * self.max_budget
+        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch, spread)
         if explore:
             self.chooses += 1
             if self.chooses % self.probe_every == 0:
-                budget, bucket = self._explore(budget, bucket, batch, min(hi, len(rho)))
+                budget, bucket = self._explore(budget, bucket, batch, min(hi, len(rho)), spread)
         return width_choice(rho, budget, bucket, self.buckets, ms, fixed, batch)
 
-    def _explore(self, budget: int, bucket: int, batch: int, hi: int) -> tuple[int, int]:
+    def _explore(self, budget: int, bucket: int, batch: int, hi: int, spread: int) -> tuple[int, int]:
         """A neighbour of `bucket` that needs reading, as (budget filling it, it); else unchanged."""
         j = self.buckets.index(bucket)
         for k in (j + 1, j - 1):  # wider first: narrow lock-in is the failure to undo
             if not 0 <= k < len(self.buckets):
                 continue
-            fill = batch * (self.buckets[k] - 1)  # the widest budget the neighbour holds
+            fill = spread * (self.buckets[k] - 1)  # the widest budget the neighbour holds
             if fill <= hi and self.needs_reading(self.buckets[k], batch):
                 return fill, self.buckets[k]
         return budget, bucket

@@ -57,20 +57,23 @@ def batched_stopping_width(global_masses_desc: np.ndarray, batch: int, ell0_ms: 
 
 
 def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: np.ndarray,
-                     fixed_ms: float = 0.0, n_max: int | None = None, batch: int = 1) -> tuple[int, int]:
+                     fixed_ms: float = 0.0, n_max: int | None = None, batch: int = 1,
+                     drafting: int | None = None) -> tuple[int, int]:
     """Exact width over a measured bucket table: argmax_N (B + g(N)) / (fixed + ell(bucket(N))).
 
-    A budget N pays the latency of the smallest bucket >= (B + N) / B packed tokens per
-    request (B = 1: >= N + 1). No affine assumption, so a cliff is crossed only when the
-    extra mass pays for it. Returns (N, bucket); ties go to the smaller N.
+    A budget N spread over the D drafting requests of the B (None: all) pays the latency of the
+    smallest bucket >= (D + N) / D packed tokens per request (B = 1: >= N + 1): the pass pads every
+    request of the batch to the widest pack, so ell is the B-request table's cell. No affine
+    assumption, so a cliff is crossed only when the extra mass pays for it. Returns (N, bucket);
+    ties go to the smaller N.
     """
     rho = check_masses(masses_desc)  # [U]
     buckets, ms = check_curve(buckets_n, bucket_ms)
-    check_batch(batch)
+    spread = drafting_of(drafting, batch)
     if fixed_ms < 0:
         raise ValueError(f"fixed_ms must be >= 0, got {fixed_ms}")
-    budgets = np.arange(_budget_limit(min(len(rho), batch * (int(buckets[-1]) - 1)), n_max) + 1)  # [C]
-    slot = bucket_slot(buckets, budgets, batch)                          # [C] bucket index
+    budgets = np.arange(_budget_limit(min(len(rho), spread * (int(buckets[-1]) - 1)), n_max) + 1)  # [C]
+    slot = bucket_slot(buckets, budgets, spread)                         # [C] bucket index
     committed = batch + np.concatenate([[0.0], np.cumsum(rho)])[budgets]
     best = int(np.argmax(committed / (fixed_ms + ms[slot])))
     return int(budgets[best]), int(buckets[slot[best]])
@@ -99,6 +102,14 @@ def check_batch(batch: int) -> None:
         raise ValueError(f"batch must be >= 1, got {batch}")
 
 
+def drafting_of(drafting: int | None, batch: int) -> int:
+    """The requests of a round of `batch` whose trees share the budget (None: all of them)."""
+    check_batch(batch)
+    if drafting is not None and not 1 <= drafting <= batch:
+        raise ValueError(f"{drafting} drafting requests in a round of {batch}")
+    return batch if drafting is None else drafting
+
+
 def check_policy(owner: str, buckets: tuple[int, ...], rank_cap: int, mass_exponent: float,
                  max_budget: int | None) -> int:
     """Validate the knobs `WidthPolicy` and `OnlineCostModel` share; returns max_budget (None: widest)."""
@@ -113,9 +124,10 @@ def check_policy(owner: str, buckets: tuple[int, ...], rank_cap: int, mass_expon
     return max_budget
 
 
-def bucket_slot(buckets, budget, batch: int):
-    """Index of the smallest bucket >= (batch + budget) / batch packed tokens per request."""
-    return np.searchsorted(buckets, np.ceil((batch + np.asarray(budget)) / batch))
+def bucket_slot(buckets, budget, spread: int):
+    """Index of the smallest bucket >= (spread + budget) / spread packed tokens per request: `budget`
+    nodes spread evenly over `spread` requests' packs."""
+    return np.searchsorted(buckets, np.ceil((spread + np.asarray(budget)) / spread))
 
 
 def _budget_limit(available: int, n_max: int | None) -> int:
@@ -171,24 +183,28 @@ class WidthPolicy:
             fixed_ms=tuple(profile.fixed_ms(b) for b in batches),
             rule=rule, rank_cap=rank_cap, max_budget=max_budget, mass_exponent=mass_exponent)
 
-    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> WidthChoice:
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> WidthChoice:
         """Budget for this round from the round's sorted prefix masses.
 
-        masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the B
+        masses_desc: [U] descending plug-in node masses (batch > 1: pooled over the drafting
         requests); they are calibrated here as rho ** mass_exponent (monotone, so the
         order and hence the tree are unchanged; only how far it pays to grow it).
+        drafting: how many of the `batch` requests draft (None: all); the budget spreads over
+        them, the verify row is the batch's, the drafter's fixed cost that of those drafting.
         """
         rho = check_masses(masses_desc) ** self.mass_exponent
+        spread = drafting_of(drafting, batch)
 
         def row(values) -> float:  # linear in batch size between measured sizes
             return float(np.interp(batch, self.batch_sizes, values))
 
         ms = np.array([row(col) for col in zip(*self.bucket_ms)])  # [buckets]
-        fixed, hi = row(self.fixed_ms), batch * self.max_budget
+        fixed = float(np.interp(spread, self.batch_sizes, self.fixed_ms))
+        hi = spread * self.max_budget
         if self.rule == "table":
-            budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch)
-        else:  # ell(M, B) = fixed + c0 + c1 * (B + M) / B per-request packed count
+            budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch, spread)
+        else:  # ell(M, B) = fixed + c0 + c1 * (D + M) / D per-request packed count, D drafting
             c1 = max(row(self.slope_ms), 0.0)
-            budget = batched_stopping_width(rho, batch, fixed + row(self.intercept_ms) + c1, c1 / batch, hi)
-            bucket = self.buckets[bucket_slot(self.buckets, budget, batch)]
+            budget = batched_stopping_width(rho, batch, fixed + row(self.intercept_ms) + c1, c1 / spread, hi)
+            bucket = self.buckets[bucket_slot(self.buckets, budget, spread)]
         return width_choice(rho, budget, bucket, self.buckets, ms, fixed, batch)

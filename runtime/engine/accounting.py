@@ -19,8 +19,10 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
     draft_ms, verify_ms = clock.device_ms(t0, t1), clock.device_ms(t2, t3)
     if engine.cost is not None and batch:  # every round measures the live configuration's costs: the verify
         # and what follows it (walk, commit, KV compaction, taps), all of which grow with the packed width
-        # (c = 4, 2-core CPU: a round of 8 packed tokens a request ran 2.6 ms more of it than one of 4)
-        engine.cost.observe_verify(sum(t.num_packed for t in trees), clock.device_ms(t2, t4), len(batch))
+        # (c = 4, 2-core CPU: a round of 8 packed tokens a request ran 2.6 ms more of it than one of 4).
+        # The pass pads every request to the widest pack, so that width is the reading's bucket, not the mean
+        padded = max(t.num_packed for t in trees) * len(batch)
+        engine.cost.observe_verify(padded, clock.device_ms(t2, t4), len(batch))
         if drafting:  # what drafting adds per round: the drafter call and the tree host work; a first
             # draft's context pass over its prompt is paid once, so it stays out (engine.prompt_context_ms)
             per_round = max(draft_ms - engine.prompt_context_ms, 0.0) + (t2 - t1) * 1e3

@@ -258,10 +258,10 @@ class LLMEngine:
         drafts_now = {id(s) for s in drafting}
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:
-            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads)
+            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads, batch=B)
             trees, tree_batch = None, chosen.scatter(upload(where, ids.device), B)
         else:
-            chosen, chosen_masses = choose_trees(*args)
+            chosen, chosen_masses = choose_trees(*args, batch=B)
             trees = [chosen[where.index(b)] if b in where else Tree.empty() for b in range(B)]
             tree_batch, size = self._upload(trees), [t.size for t in chosen]
         sizes = [0] * B

@@ -26,7 +26,8 @@ class WidthChooser(Protocol):
     max_budget: int
     mass_exponent: float  # calibration beta: a node's acceptance ~= rho ** beta
 
-    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> Any: ...  # -> object with `.budget`
+    def choose(self, masses_desc: np.ndarray, batch: int = 1,
+               drafting: int | None = None) -> Any: ...  # -> object with `.budget`
 
 
 WidthSource = Callable[[int], WidthChooser]  # prefix length -> the rule for that prefix bucket
@@ -41,6 +42,7 @@ def choose_trees(
     spec: SpecConfig,
     width: WidthSource | None,
     scales: Sequence[float],  # per request: realized / forecast acceptance (a gate's correction; 0: one node)
+    batch: int | None = None,  # requests the verify pads (the round's; None: these drafting ones)
 ) -> tuple[list[Tree], list[np.ndarray | None]]:
     """One tree per drafted request (same order as `methods`), and the sorted prefix masses
     each `auto` request's tree was chosen from, as drafted, before its scale (None for the others). auto's widths are
@@ -62,7 +64,7 @@ def choose_trees(
         for j, tree in enumerate(wide):
             score[j, :tree.size], depth[j, :tree.size] = tree.score, tree.depth
         sizes = [0] * len(methods)
-        _auto_sizes(auto, score, depth, rule, spec, ids.shape[1], scales, sizes, masses)
+        _auto_sizes(auto, score, depth, rule, spec, ids.shape[1], scales, sizes, masses, batch or len(methods))
         for b, tree in zip(auto, wide):
             trees[b] = tree.head(min(sizes[b], tree.size))
     return trees, masses  # type: ignore[return-value]
@@ -95,15 +97,15 @@ class MeanBudget:
             raise ValueError(f"per_request must be >= 0, got {per_request}")
         self.max_budget = self.per_request = per_request
 
-    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> Any:
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> Any:
         from types import SimpleNamespace
 
-        return SimpleNamespace(budget=min(self.per_request * batch, len(masses_desc)))
+        return SimpleNamespace(budget=min(self.per_request * (drafting or batch), len(masses_desc)))
 
 
 def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_lens: Sequence[int],
                  ids: torch.Tensor, lp: torch.Tensor, spec: SpecConfig, width: WidthSource | None,
-                 scales: Sequence[float], read: Callable[[torch.Tensor], np.ndarray]
+                 scales: Sequence[float], read: Callable[[torch.Tensor], np.ndarray], batch: int | None = None
                  ) -> tuple[TreeBatch, list[int], list[np.ndarray | None]]:
     """`choose_trees` on the device: ids, lp [B, L, K] stay there; -> the trees (TreeBatch),
     each request's size and auto's masses. Fixed budgets and chains read nothing; `auto`
@@ -125,34 +127,35 @@ def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_le
     if auto:
         pick = upload(auto, ids.device)
         host = read(torch.cat([trees.score[pick, :widest], trees.depth[pick, :widest].double()], 1))
-        _auto_sizes(auto, host[:, :widest], host[:, widest:], rule, spec, L, scales, sizes, masses)
+        _auto_sizes(auto, host[:, :widest], host[:, widest:], rule, spec, L, scales, sizes, masses, batch or B)
     return trees.head(upload(sizes, ids.device)), sizes, masses
 
 
 def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: WidthChooser, spec: SpecConfig, L: int,
-                scales: Sequence[float], sizes: list[int], masses: list) -> None:
+                scales: Sequence[float], sizes: list[int], masses: list, batch: int) -> None:
     """auto's widths from its requests' best-first scores [A, W] (and depths, for the tie
     order): one request by its own masses; several by ONE shared budget from their pooled
     masses, split by global best-first mass (Proposition 2), each capped at max_request_width and at
-    the per-request width the rule priced."""
+    the per-request width the rule priced. The rule prices the round as it runs: `batch` requests
+    padded to the widest pack, the budget spread over the A drafting ones."""
     limit = min(rule.max_budget * len(auto), spec.max_nodes(L) * len(auto))
     scaled = []
     for j, b in enumerate(auto):
         masses[b] = np.exp(score[j][np.isfinite(score[j])][: limit // len(auto)])  # as drafted: a gate
         scaled.append(np.minimum(masses[b] * scales[b], 1.0))  # scales them by its own correction (once)
     if len(auto) == 1:
-        sizes[auto[0]] = min(int(rule.choose(scaled[0], batch=1).budget), len(scaled[0]))
+        sizes[auto[0]] = min(int(rule.choose(scaled[0], batch=batch, drafting=1).budget), len(scaled[0]))
     else:
-        _split(auto, score, depth, rule, spec, scaled, limit, sizes)
+        _split(auto, score, depth, rule, spec, scaled, limit, sizes, batch)
     for b in auto:  # scale 0, a screen: one node, the cheapest verify that still reads acceptance
         sizes[b] = min(1, len(masses[b])) if scales[b] == 0 else sizes[b]
 
 
 def _split(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: WidthChooser, spec: SpecConfig,
-           scaled: list[np.ndarray], limit: int, sizes: list[int]) -> None:
+           scaled: list[np.ndarray], limit: int, sizes: list[int], batch: int) -> None:
     """Several auto requests: ONE budget from their pooled scaled masses, split by global best-first mass."""
     pooled = np.sort(np.concatenate(scaled))[::-1][:limit]
-    choice = rule.choose(pooled, batch=len(auto))
+    choice = rule.choose(pooled, batch=batch, drafting=len(auto))
     total, bucket = int(choice.budget), getattr(choice, "bucket", None)
     # the rule priced every pack padded to `bucket` tokens: none may be wider, since the pass pads every
     # request to its widest pack (B = 4, 16 packed tokens: 79.5 ms as 4 x 4, 96.1 ms as 13 + 1 + 1 + 1)

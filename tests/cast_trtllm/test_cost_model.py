@@ -283,3 +283,30 @@ def test_cached_tables_are_never_stale(readings):
         for b in (1, 2, 3, 4, 8):
             np.testing.assert_array_equal(model.verify_ms(b), model._table(b))
             assert model.draft_ms(b) == model._draft(b)
+
+
+def _partial_round_model() -> OnlineCostModel:
+    """A 4-request table (ms of 4 requests padded to each bucket), read 3 times per cell; draft 10 ms."""
+    model = OnlineCostModel(prior={1: 10.0, 2: 11.0, 4: 15.0, 8: 25.0, 16: 45.0})
+    for bucket, ms in {1: 40.0, 2: 44.0, 4: 60.0, 8: 100.0}.items():
+        for _ in range(3):
+            model.observe_verify(4 * bucket, ms, batch=4)
+    for drafting in (1, 4):
+        for _ in range(3):
+            model.observe_draft(10.0, batch=drafting)
+    return model
+
+
+def test_a_partial_round_spreads_its_budget_over_the_drafting_requests_and_pays_the_whole_batchs_row():
+    """One request of 4 drafts: each node it packs widens its own pack, and the pass pads all 4 requests to
+    it. Spread over all 4 packs, 4 nodes looked like bucket 2 (4 + 3.25 tokens for 54 ms); one request
+    packing 4 nodes needs bucket 8 (110 ms), so 3 nodes at bucket 4 are the best round."""
+    model, masses = _partial_round_model(), np.array([0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4])
+    one = model.choose(masses, batch=4, explore=False, drafting=1)
+    assert (one.budget, one.bucket) == (3, 4)
+    assert one.predicted_tokens_per_ms == pytest.approx((4 + 0.9 + 0.85 + 0.8) / (10.0 + 60.0))
+    pooled = model.choose(masses, batch=4, explore=False)  # the same masses over all 4 packs
+    assert pooled.bucket == 2 and pooled.budget == 4
+    for drafting in (1, 2, 3, 4):  # the choice always fits its bucket, however few draft
+        choice = model.choose(np.sort(np.tile(masses, drafting))[::-1], batch=4, explore=False, drafting=drafting)
+        assert -(-choice.budget // drafting) + 1 <= choice.bucket

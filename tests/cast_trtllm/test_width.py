@@ -231,3 +231,20 @@ def test_mass_calibration_narrows_an_overconfident_heads_tree_and_is_the_identit
     assert shrunk.budget < plain.budget
     with pytest.raises(ValueError, match="mass_exponent must be > 0"):
         WidthPolicy.from_profile(p, 1024, mass_exponent=0.0)
+
+
+@pytest.mark.parametrize("rule", ["table", "marginal"])
+def test_a_profile_policy_spreads_a_partial_rounds_budget_over_the_drafting_requests(rule):
+    """4 of 16 requests draft: their budget widens their own 4 packs (the pass pads all 16 to the
+    widest), and the drafter's fixed cost is that of 4 requests (App. F row, interpolated)."""
+    batched = WidthPolicy.from_profile(profile(f"{BLACKWELL_8B}__appendix-f"), 1024, rule=rule)
+    pooled = np.sort(np.tile(APPENDIX_G_MASSES[:63], 4))[::-1]
+    choice = batched.choose(pooled, batch=16, drafting=4)
+    assert choice.budget <= 4 * batched.max_budget and -(-choice.budget // 4) + 1 <= choice.bucket
+    column = batched.buckets.index(choice.bucket)
+    verify = np.interp(16, batched.batch_sizes, [row[column] for row in batched.bucket_ms])
+    committed = 16 + (pooled[:choice.budget] ** batched.mass_exponent).sum()
+    drafter = np.interp(4, batched.batch_sizes, batched.fixed_ms)
+    assert committed / choice.predicted_tokens_per_ms == pytest.approx(verify + drafter)
+    with pytest.raises(ValueError, match="5 drafting requests in a round of 4"):
+        batched.choose(pooled, batch=4, drafting=5)

@@ -23,7 +23,7 @@ class PricedRule:
     def __init__(self, budget: int, bucket: int) -> None:
         self.budget, self.bucket = budget, bucket
 
-    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> SimpleNamespace:
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> SimpleNamespace:
         return SimpleNamespace(budget=min(self.budget, len(masses_desc)), bucket=self.bucket)
 
 
@@ -63,7 +63,7 @@ class MassRule:
     def __init__(self, floor: float) -> None:
         self.floor, self.shown = floor, []
 
-    def choose(self, masses_desc: np.ndarray, batch: int = 1) -> SimpleNamespace:
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> SimpleNamespace:
         self.shown.append(masses_desc)
         return SimpleNamespace(budget=int((masses_desc >= self.floor).sum()))
 
@@ -104,3 +104,32 @@ def test_a_screen_scale_of_0_verifies_one_node_and_hands_back_the_masses_as_draf
         size = [t.size for t in trees]
     assert size[0] == 1 and size[1] > 1
     assert masses[0][0] > 0.9 and len(masses[0]) > 1
+
+
+class RecordingRule(MassRule):
+    """MassRule that keeps the round each call priced: (batch, drafting)."""
+
+    def __init__(self, floor: float) -> None:
+        super().__init__(floor)
+        self.rounds = []
+
+    def choose(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> SimpleNamespace:
+        self.rounds.append((batch, drafting))
+        return super().choose(masses_desc, batch, drafting)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+@pytest.mark.parametrize("auto, batch", [(1, 4), (2, 4), (2, None), (1, None)])
+def test_auto_prices_the_round_the_verify_runs_every_request_padded_and_its_budget_over_those_drafting(
+        on_device, auto, batch):
+    """Requests that do not draft still ride the verify padded to the widest pack: the rule is asked for
+    the round's batch, its budget spread over the auto requests drafting (None: the drafting ones are all)."""
+    ids, lp = marginals(0)
+    rule = RecordingRule(0.5)
+    args = (["cast"] * auto, ["auto"] * auto, [10] * auto)
+    if on_device:
+        device_trees(*args, torch.from_numpy(ids[:auto]), torch.from_numpy(lp[:auto]), SpecConfig(),
+                     lambda prefix: rule, [1.0] * auto, lambda t: t.cpu().numpy(), batch=batch)
+    else:
+        choose_trees(*args, ids[:auto], lp[:auto], SpecConfig(), lambda prefix: rule, [1.0] * auto, batch=batch)
+    assert rule.rounds == [(batch or auto, auto)]

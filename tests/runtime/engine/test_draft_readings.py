@@ -22,9 +22,11 @@ class Readings:
     def __init__(self) -> None:
         self.draft: list[float] = []
         self.verify: list[float] = []
+        self.packed: list[tuple[int, int]] = []  # (packed tokens, batch) per verify reading
 
     def observe_verify(self, packed: int, ms: float, batch: int = 1) -> None:
         self.verify.append(ms)
+        self.packed.append((packed, batch))
 
     def observe_draft(self, ms: float, batch: int = 1) -> None:
         self.draft.append(ms)
@@ -72,3 +74,20 @@ def test_a_verify_reading_carries_the_commit_that_follows_it():
     while engine.active:
         engine.step()
     assert len(readings.verify) == seq.num_rounds and min(readings.verify) >= commit_ms
+
+
+def test_a_verify_reading_is_priced_at_the_width_the_pass_padded_every_request_to():
+    """A round where one request packs 4 tokens and another 1 runs both padded to 4: its reading is 8
+    tokens at batch 2, not the 5 packed (read by their mean, 13 + 1 + 1 + 1 at batch 4 priced bucket 4
+    with the cost of a pass 14 tokens wide)."""
+    target = random_target(seed=5, vocab_size=VOCAB)
+    drafter = DrafterExecutor(random_drafter(target.config, num_layers=1, block_size=L + 1, seed=6), target)
+    readings = Readings()
+    engine = LLMEngine(target, drafter, spec=SpecConfig(method="cast", budget=3), cost=readings)
+    prompt = np.arange(1, 20).tolist()
+    engine.add_request(Request(prompt, 6, ignore_eos=True))  # cast, budget 3: packs 4 tokens
+    engine.add_request(Request(prompt, 6, method="ar", ignore_eos=True))  # packs 1
+    while engine.active:
+        engine.step()
+    both = [packed for packed, batch in readings.packed if batch == 2]
+    assert both and set(both) == {2 * 4}

@@ -154,14 +154,14 @@ class _Choice:
 
 
 class _CyclingRule:
-    """Any object with max_budget, mass_exponent and choose(masses, batch) -> .budget works."""
+    """Any object with max_budget, mass_exponent and choose(masses, batch, drafting) -> .budget works."""
 
     max_budget, mass_exponent = 20, 1.0
 
     def __init__(self):
         self.calls = 0
 
-    def choose(self, masses_desc, batch=1):
+    def choose(self, masses_desc, batch=1, drafting=None):
         assert np.all(np.diff(masses_desc) <= 1e-12) and len(masses_desc) <= self.max_budget
         self.calls += 1
         return _Choice([0, 3, 20][self.calls % 3])
