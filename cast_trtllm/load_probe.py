@@ -20,11 +20,12 @@ those whose context pass is cheapest) draft, and verify one node each: the cheap
 reads acceptance (the pass pads every request to the widest pack: 2 of 16 requests with 3 nodes cost
 73 ms, with 1 node 54 ms, against 37 ms for AR). Only where their fresh
 masses, as if the whole batch drafted like them, price drafting at or above AR does the next round
-try every gated request (`screened`). Trying all 26 of a c = 32 batch at once cost 350 ms over a
+try every gated request (`screened`), for `span` rounds (`tried`) before the gates' choices are read. Trying all 26 of a c = 32 batch at once cost 350 ms over a
 70 ms AR round (a context pass over ~2,000 prompt rows and a draft pass for 26, 2-core CPU), 3% of
 a 48-token run, on text where drafting never paid; a screen of 4 costs a sixth of it.
 
-Between probes, `subset_pays` checks the gates' own choices as the round will run them: each
+Between probes, `subset_pays` checks the gates' own choices as the round will run them (the few's
+nodes widen only their own packs, and the pass pads every request of the batch to the widest): each
 gate prices drafting as if the whole batch drafted like it, but when only a few draft (a request
 whose try found its text predictable, gates that priced at an older, smaller batch) those few
 gain their few tokens for a whole draft pass and a wider verify (one request drafting in 16 on
@@ -67,6 +68,12 @@ class LoadProbe:
     # (3 rotated runs each); at 0.9 with max_backoff 5 it probed no more there (perf/results/README.md)
     margin: float = 0.9
     screen: float = SCREEN
+    # rounds a try of every gated request runs before it is judged: an answer's first blocks accept less than
+    # its text will (`DraftGate.min_drafted`). c = 4 continuous, 2-core CPU: a try of all in the answers' 2nd
+    # round read corrections 0.56-0.78 where the pool read 0.89, confirmed AR, and the batch waited 128 rounds
+    # on AR for the rest of its run (auto 87.0 tok/s, cast:3 95.2)
+    span: int = 4
+    _tried: int = field(default=0, init=False)  # rounds of the running try of all
     _since: int = field(default=0, init=False)  # rounds since the last probe
     _backoff: ProbeBackoff = field(init=False)
     _wait: int | None = field(default=None, init=False)  # this wait's length, priced once when it is reached
@@ -77,6 +84,8 @@ class LoadProbe:
     def __post_init__(self) -> None:
         if not 0 < self.screen <= 1:
             raise ValueError(f"LoadProbe: screen is a share of the gated requests in (0, 1], got {self.screen}")
+        if self.span < 1:
+            raise ValueError(f"LoadProbe: a try of all runs span >= 1 rounds, got {self.span}")
         try:
             self._backoff = ProbeBackoff(self.every, self.max_backoff, self.margin)
         except ValueError as e:
@@ -183,16 +192,24 @@ class LoadProbe:
             like = [tried[i % len(tried)] for i in range(batch)]
             rate, ar_rate = self.costs.best_rate(_pooled(like), batch), self.costs.ar_rate(batch)
             ar_ms = self.costs.round_ms(1, batch, drafted=False)
+            extra = self.span * max(self._probe_ms(batch, None) - ar_ms, 0.0)  # the try's rounds over AR's
             self._full = rate >= ar_rate and (horizon is None or try_pays(
-                horizon - 1, ar_ms, self._probe_ms(batch, None), once_ms, gain=min(PROBE_GAIN, 1 - ar_rate / rate)))
+                horizon - 1, ar_ms, ar_ms + extra, once_ms, gain=min(PROBE_GAIN, 1 - ar_rate / rate)))
         if not self._full:
             self.confirmed(still_ar=True, live=live)
         return self._full
 
+    def tried(self) -> bool:
+        """After a round of a try of all: whether it goes on next round (it runs `span` rounds before the
+        gates' choices are judged, `confirmed`)."""
+        self._tried += 1
+        self._full = self._tried < self.span
+        return self._full
+
     def confirmed(self, still_ar: bool, live: Sequence = ()) -> None:
-        """After a probe round of every request (or a veto): AR still wins (back off) or the batch now
+        """After a try of all (or a veto): AR still wins (back off) or the batch now
         drafts (reset). live: the requests of the batch, any objects (`expire`)."""
-        self._full = False
+        self._full, self._tried = False, 0
         self._backoff.record(still_ar)
         self._texts = tuple(live) if still_ar else ()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cast_trtllm.probe_backoff import PROBE_SHARE
 from cast_trtllm.spec_config import AUTO
 from cast_trtllm.tree import Tree
 from runtime.engine.sequence import Sequence
@@ -71,8 +72,9 @@ def probed(engine, batch: list[Sequence], masses: list) -> None:
         probe.screened([np.minimum(fresh[id(s)] * s.gate.correction, 1.0) for s in engine.probers if id(s) in fresh],
                        engine.load, sum(g.once_ms for g in gated), rounds_left(gated), batch)
         return
-    wants = [s.gate.typical_masses(doubt=True) for s in wanting(batch)]  # as their gates chose (`doubted`)
-    drafts = bool(wants) and probe.subset_pays(wants, engine.load)
+    if probe.tried():  # a try of all runs its `span` rounds before the gates' choices are judged
+        return
+    drafts = bool(together(engine, [s for s in batch if s.gate is not None], engine.load))
     probe.confirmed(still_ar=not (drafts and (engine.guard is None or engine.guard.lift())), live=batch)
 
 
@@ -96,6 +98,21 @@ def rounds_left(gates) -> float | None:
     """The mean tokens these draft gates' requests may still commit (None: none is bounded)."""
     left = [g.horizon for g in gates if g.horizon is not None]
     return sum(left) / len(left) if left else None
+
+
+def together(engine, gated: list[Sequence], load: int) -> list[Sequence]:
+    """Under load, the gated requests that draft next round, priced as the round runs them: those whose
+    gates chose to (at their doubted masses, `DraftGate.doubted`), joined by AR-playing ones where that
+    raises the round's tokens/ms (`LoadProbe.join_pays`); none where those few alone lose to AR
+    (`LoadProbe.subset_pays`). A try of all is judged by the same rule (`probed`)."""
+    wants = wanting(gated)
+    if not wants:
+        return []
+    others = joiners(gated, PROBE_SHARE * engine.cost.round_ms(1, load, drafted=False))
+    masses = [s.gate.typical_masses(doubt=True) for s in wants]
+    if engine.load_probe.join_pays(masses, [s.gate.typical_masses() for s in others], load):
+        return wants + others
+    return wants if engine.load_probe.subset_pays(masses, load) else []
 
 
 def wanting(seqs: list[Sequence]) -> list[Sequence]:

@@ -27,7 +27,6 @@ import torch
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.engine_evidence import EngineEvidence
 from cast_trtllm.load_probe import LoadProbe
-from cast_trtllm.probe_backoff import PROBE_SHARE
 from cast_trtllm.realized_guard import RealizedGuard
 from cast_trtllm.spec_config import AUTO, SpecConfig
 from cast_trtllm.tree import Tree
@@ -37,7 +36,7 @@ from runtime.engine.backend import TargetBackend, TorchTarget
 from runtime.engine.sequence import Request, Sequence
 from runtime.drafter.vocab import DraftScores
 from runtime.engine.trees import WidthSource, choose_trees, device_trees
-from runtime.engine.accounting import account, brief, joiners, rounds_left, scout, wanting
+from runtime.engine.accounting import account, brief, rounds_left, scout, together
 from runtime.engine.drafting import draft_scores, feed_contexts, tree_scales
 from runtime.engine.prefill import first_token, take_chunks
 from runtime.engine.runner_round import runner_round
@@ -170,15 +169,9 @@ class LLMEngine:
                 s.draft_next = False
         if self.load_probe is not None and load > 1 and not any(s.method != "ar" and s.gate is None
                                                                        for s in batch):  # none drafts anyway
-            wants = wanting(gated)  # priced as the round runs them; AR-playing gates may join them
-            others = joiners(gated, PROBE_SHARE * self.cost.round_ms(1, load, drafted=False)) if wants else []
-            wm = [s.gate.typical_masses(doubt=True) for s in wants]  # priced as their gates chose (`DraftGate.doubted`)
-            if self.load_probe.join_pays(wm, [s.gate.typical_masses() for s in others], load):
-                for s in others:
-                    s.draft_next = True
-            elif not self.load_probe.subset_pays(wm, load):
-                for s in wants:
-                    s.draft_next = False
+            chosen = {id(s) for s in together(self, gated, load)}  # priced as the round runs them
+            for s in gated:  # a gate with no masses yet (a cold engine's scout) drafts as it chose
+                s.draft_next = id(s) in chosen if s.gate.masses is not None else s.draft_next
         full = self.load_probe is not None and self.load_probe.pending  # a screen looked promising: all try
         if self.load_probe is not None and load > 1 and gated and (full or not any(s.draft_next for s in gated)):
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
