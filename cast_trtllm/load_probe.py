@@ -18,25 +18,27 @@ a probe costs at most `PROBE_SHARE` of the AR time between probes.
 A probe starts as a screen: only `screen` of the gated requests (at least one; the engine takes
 those whose context pass is cheapest) draft, and verify one node each: the cheapest tree that still
 reads acceptance (the pass pads every request to the widest pack: 2 of 16 requests with 3 nodes cost
-73 ms, with 1 node 54 ms, against 37 ms for AR). Only where their fresh
-masses, as if the whole batch drafted like them, price drafting at or above AR does the next round
-try every gated request (`screened`), for `span` rounds (`tried`) before the gates' choices are read. Trying all 26 of a c = 32 batch at once cost 350 ms over a
-70 ms AR round (a context pass over ~2,000 prompt rows and a draft pass for 26, 2-core CPU), 3% of
-a 48-token run, on text where drafting never paid; a screen of 4 costs a sixth of it.
+73 ms, with 1 node 54 ms, against 37 ms for AR). Only where their fresh masses, as if the whole batch
+drafted like them, price drafting at or above AR does the next round try every gated request
+(`screened`), for `span` rounds (`tried`) before the gates' choices are read. Trying all 26 of a c = 32
+batch at once cost 350 ms over a 70 ms AR round (a context pass over ~2,000 prompt rows and a draft
+pass for 26, 2-core CPU), 3% of a 48-token run, on text where drafting never paid; a screen of 4 costs
+a sixth of it.
 
-Between probes, `subset_pays` checks the gates' own choices as the round will run them (the few's
+Between probes, `settle` checks the gates' own choices as the round will run them (the few's
 nodes widen only their own packs, and the pass pads every request of the batch to the widest): each
 gate prices drafting as if the whole batch drafted like it, but when only a few draft (a request
 whose try found its text predictable, gates that priced at an older, smaller batch) those few
 gain their few tokens for a whole draft pass and a wider verify (one request drafting in 16 on
 2 cores: 93 ms against a 48 ms AR round, for about one more token). Their pooled masses are
 priced at the round's batch with the draft pass of just them; where that loses to AR, none draft.
+Gates playing AR join a round that drafts where their best nodes pay for the draft pass grown to them.
 A probe that confirmed AR speaks for the texts it was taken on: once none of the requests live at it
 is left (`expire`), the backoff drops to `ProbeBackoff.settled` tries, as a new request's gate inherits
 the engine's (a far-off price still waits the longest; a close call waits every << settled rounds).
 (c = 4 continuous, 2-core CPU, runs back to back: a backoff of 32 rounds learned on GSM8K answers held
 the next batch of synthetic prompts, where cast:3 won 1.04x AR, on AR for its whole run.)
-Pure numpy; the engine calls `subset_pays` and `due` before a round, `confirmed` and `expire` after it.
+Pure numpy; the engine calls `settle` and `due` before a round, `tried`, `confirmed` and `expire` after it.
 """
 
 from __future__ import annotations
@@ -143,33 +145,28 @@ class LoadProbe:
         self._since, self._wait = 0, None
         return True
 
-    def subset_pays(self, masses: Sequence[np.ndarray], batch: int) -> bool:
-        """Whether the gated requests whose gates chose to draft (their typical `masses`, one array
-        each) should: their pooled masses at `batch`, the draft pass priced at len(masses) requests,
-        against an AR round of the batch."""
-        if not masses:
-            return True
-        rate = self.costs.best_rate(_pooled(masses), batch, drafting=min(len(masses), batch))
-        return rate >= self.costs.ar_rate(batch)
-
-    def join_pays(self, wants: Sequence[np.ndarray], others: Sequence[np.ndarray], batch: int) -> bool:
-        """Whether gated requests playing AR (`others`) should draft with those that chose to (`wants`):
-        in a round that drafts anyway every request's rows are padded to its bucket, so each of them
-        gains its best bucket - 1 nodes for only the draft pass grown to them all. They join where that
-        gain per extra ms beats the round's own tokens/ms. (c = 4 continuous, 2-core CPU: one request
-        priced at 0.96x AR sat out 17 of 50 rounds while three drafted; pricing the pooled round with
-        them, as if their nodes took the others' slots, kept one request on AR for 30 rounds of drafted
-        rounds while it committed 1 token each: auto 0.82x of cast:3.)"""
-        if not wants or not others:
-            return False
+    def settle(self, wants: Sequence[np.ndarray], others: Sequence[np.ndarray], batch: int) -> tuple[bool, bool]:
+        """(whether the gated requests whose gates chose to draft should, whether gated requests playing AR
+        join them), priced once as the round runs: `wants`' pooled masses (one array each) spread over their
+        own packs, the draft pass of just them, against an AR round of the batch; a round that drafts pads
+        every request to its bucket, so each of `others` gains its best bucket - 1 nodes for only the draft
+        pass grown to it, and they join where the round's tokens/ms rise and still beat AR. (c = 4
+        continuous, 2-core CPU: one request priced at 0.96x AR sat out 17 of 50 rounds while three drafted;
+        pricing the pooled round with it, as if its nodes took the others' slots, kept one request on AR for
+        30 drafted rounds while it committed 1 token each: auto 0.82x of cast:3.)"""
+        if not wants:
+            return False, False
         n = min(len(wants), batch)
-        alone = self.costs.choose(_pooled(wants), batch, explore=False, drafting=n)
-        slots, beta = max(alone.bucket - 1, 0), self.costs.mass_exponent  # calibrated as the width rule reads them
-        gain = sum(float((np.asarray(m, np.float64)[:slots] ** beta).sum()) for m in others)  # each descending
-        ms = self.costs.round_ms(alone.bucket, batch, drafted=False) + self.costs.draft_ms(n)
-        extra = max(self.costs.draft_ms(min(n + len(others), batch)) - self.costs.draft_ms(n), 0.0)
-        together = (alone.predicted_tokens_per_ms * ms + gain) / (ms + extra)  # the round's tokens/ms with them
-        return gain > 0 and together >= max(alone.predicted_tokens_per_ms, self.costs.ar_rate(batch))
+        alone, ar = self.costs.choose(_pooled(wants), batch, explore=False, drafting=n), self.costs.ar_rate(batch)
+        if others:
+            slots, beta = max(alone.bucket - 1, 0), self.costs.mass_exponent  # calibrated as the width rule reads
+            gain = sum(float((np.asarray(m, np.float64)[:slots] ** beta).sum()) for m in others)  # each descending
+            ms = self.costs.round_ms(alone.bucket, batch, drafted=False) + self.costs.draft_ms(n)
+            extra = max(self.costs.draft_ms(min(n + len(others), batch)) - self.costs.draft_ms(n), 0.0)
+            together = (alone.predicted_tokens_per_ms * ms + gain) / (ms + extra)  # the round's tokens/ms with them
+            if gain > 0 and together >= max(alone.predicted_tokens_per_ms, ar):
+                return True, True
+        return alone.predicted_tokens_per_ms >= ar, False
 
     def _probe_ms(self, batch: int, trying: int | None) -> float:
         """A probe round's ms: a screen drafts for `trying` of `batch` requests and verifies one node each

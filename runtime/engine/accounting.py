@@ -101,23 +101,20 @@ def rounds_left(gates) -> float | None:
 
 
 def together(engine, gated: list[Sequence], load: int) -> list[Sequence]:
-    """Under load, the gated requests that draft next round, priced as the round runs them: those whose
-    gates chose to (at their doubted masses, `DraftGate.doubted`), joined by AR-playing ones where that
-    raises the round's tokens/ms (`LoadProbe.join_pays`); none where those few alone lose to AR
-    (`LoadProbe.subset_pays`). A try of all is judged by the same rule (`probed`)."""
+    """Under load, the gated requests that draft next round, priced as the round runs them
+    (`LoadProbe.settle`): those whose gates chose to (at their doubted masses, `DraftGate.doubted`), joined
+    by AR-playing ones where that raises the round's tokens/ms; none where those few alone lose to AR.
+    A try of all is judged by the same rule (`probed`)."""
     wants = wanting(gated)
-    if not wants:
-        return []
-    others = joiners(gated, PROBE_SHARE * engine.cost.round_ms(1, load, drafted=False))
-    masses = [s.gate.typical_masses(doubt=True) for s in wants]
-    if engine.load_probe.join_pays(masses, [s.gate.typical_masses() for s in others], load):
-        return wants + others
-    return wants if engine.load_probe.subset_pays(masses, load) else []
+    others = joiners(gated, PROBE_SHARE * engine.cost.round_ms(1, load, drafted=False)) if wants else []
+    drafts, join = engine.load_probe.settle([s.gate.typical_masses(doubt=True) for s in wants],
+                                            [s.gate.typical_masses() for s in others], load)
+    return wants + others if join else wants if drafts else []
 
 
 def wanting(seqs: list[Sequence]) -> list[Sequence]:
     """The gated requests whose gates chose to draft next, with masses to price them by (under load
-    `LoadProbe.subset_pays` prices them together)."""
+    `LoadProbe.settle` prices them together)."""
     return [s for s in seqs if s.gate is not None and s.draft_next and s.gate.masses is not None]
 
 

@@ -77,9 +77,9 @@ def test_only_a_few_requests_drafting_in_a_big_batch_must_pay_for_their_draft_pa
     """Each gate prices drafting as if the whole batch drafted like it; one request drafting in 8
     gains its own tokens for the whole draft pass (10 ms on a 20 ms AR round): that loses."""
     probe = LoadProbe(_table(24.0, draft_ms=10.0))
-    assert probe.subset_pays(MASSES, 8)  # all eight: 8 + 8 x 2.3 tokens in 34 ms against 8 in 20 ms
-    assert not probe.subset_pays(MASSES[:1], 8)  # one: 8 + 2.3 tokens in ~34 ms
-    assert probe.subset_pays([], 8)  # nobody asked: nothing to refuse
+    assert probe.settle(MASSES, [], 8) == (True, False)  # all eight: 8 + 8 x 2.3 tokens in 34 ms against 8 in 20
+    assert probe.settle(MASSES[:1], [], 8) == (False, False)  # one: 8 + 2.3 tokens in ~34 ms
+    assert probe.settle([], MASSES, 8) == (False, False)  # nobody asked: nobody drafts
 
 
 def test_requests_playing_ar_join_a_round_that_drafts_where_their_few_best_nodes_pay_for_their_draft_rows():
@@ -89,9 +89,9 @@ def test_requests_playing_ar_join_a_round_that_drafts_where_their_few_best_nodes
     probe = LoadProbe(_table(24.0, draft_ms=10.0))
     probe.costs.observe_draft(5.0, batch=4)  # the draft pass grows with the requests that draft
     middling = [np.array([0.6, 0.4, 0.3])] * 4
-    assert probe.join_pays(MASSES[:4], middling, 8)
-    assert not probe.join_pays(MASSES[:4], TINY[:4], 8)  # 0.12 more tokens for 5 ms more drafting
-    assert not probe.join_pays([], middling, 8) and not probe.join_pays(MASSES[:4], [], 8)
+    assert probe.settle(MASSES[:4], middling, 8) == (True, True)
+    assert not probe.settle(MASSES[:4], TINY[:4], 8)[1]  # 0.12 more tokens for 5 ms more drafting
+    assert probe.settle([], middling, 8) == (False, False) and not probe.settle(MASSES[:4], [], 8)[1]
 
 
 def test_a_joiner_is_priced_by_the_nodes_its_own_padded_rows_hold_not_against_the_others_nodes():
@@ -109,7 +109,7 @@ def test_a_joiner_is_priced_by_the_nodes_its_own_padded_rows_hold_not_against_th
             for bucket, ms in ((1, 20.0), (2, 22.0), (4, 60.0), (8, 120.0)):
                 model.observe_verify(8 * bucket, ms, batch=8)
         assert model.choose(np.sort(np.concatenate(wants))[::-1], 8, explore=False, drafting=7).bucket == 2
-        assert LoadProbe(model).join_pays(wants, joiner, 8) is joins
+        assert LoadProbe(model).settle(wants, joiner, 8)[1] is joins
 
 
 @pytest.mark.parametrize("kwargs", [{"every": 0}, {"max_backoff": -1}, {"margin": 0.0}, {"margin": 1.5},
