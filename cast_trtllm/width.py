@@ -195,12 +195,11 @@ class WidthPolicy:
         rho = check_masses(masses_desc) ** self.mass_exponent
         spread = drafting_of(drafting, batch)
 
-        def row(values) -> float:  # linear in batch size between measured sizes
-            return float(np.interp(batch, self.batch_sizes, values))
+        def row(values, at: int = batch) -> float:  # linear in batch size between measured sizes
+            return float(np.interp(at, self.batch_sizes, values))
 
         ms = np.array([row(col) for col in zip(*self.bucket_ms)])  # [buckets]
-        fixed = float(np.interp(spread, self.batch_sizes, self.fixed_ms))
-        hi = spread * self.max_budget
+        fixed, hi = row(self.fixed_ms, spread), spread * self.max_budget
         if self.rule == "table":
             budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch, spread)
         else:  # ell(M, B) = fixed + c0 + c1 * (D + M) / D per-request packed count, D drafting
