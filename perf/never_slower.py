@@ -10,9 +10,11 @@ Cells, every one with the three methods interleaved (order rotated per repeat, `
   joins as one finishes: the arrival pattern a server sees).
 A cell's figure is each method's FASTEST repeat (tokens / wall s): on a shared machine
 interference only adds time, so the minimum is the least disturbed reading; every repeat
-is kept in the JSON. Beside it, the process CPU seconds (both threads; fewest of the
-repeats) as AR's over the method's: less disturbed by other work than wall time, though a
-descheduled thread's partner may spin. Greedy outputs are compared with AR's, token for token, in every cell
+is kept in the JSON. Beside it, `paired`: the median over repeats of the method's run over
+AR's run in the same repeat (the methods run back to back), where drift between repeats
+cancels; and the process CPU seconds (both threads; fewest of the repeats) as AR's over
+the method's: less disturbed by other work than wall time, though a descheduled thread's
+partner may spin. Greedy outputs are compared with AR's, token for token, in every cell
 (bf16 picks may differ by near-ties; the count is a column). The OpenAI-server part with
 AIPerf is `perf/aiperf_run.sh` (a separate virtual environment; not a runtime dependency).
 """
@@ -86,6 +88,8 @@ def cell(engine, prompts, max_new: int, c: int, repeats: int, reference=None, mi
             "warmup_wall_s": warm[label]}
     for label in rows:  # the same tokens every method: time ratios are throughput ratios
         rows[label]["vs_ar"] = rows[label]["tokens_per_s"] / rows["ar"]["tokens_per_s"]
+        rows[label]["paired_vs_ar"] = float(np.median([x["tokens_per_s"] / a["tokens_per_s"]
+                                                       for x, a in zip(runs[label], runs["ar"])]))
         rows[label]["cpu_s"] = min(x["cpu_s"] for x in runs[label])
         rows[label]["cpu_vs_ar"] = rows["ar"]["cpu_s"] / rows[label]["cpu_s"]
     noise = max(gap(r["runs_tokens_per_s"]) for r in rows.values()) if repeats > 1 else float("nan")
@@ -117,8 +121,8 @@ def main(argv=None) -> None:
     ap.add_argument("--num-prompts", type=int, default=2, help="prompts per domain at B = 1")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per request (ignore_eos)")
     ap.add_argument("--concurrency", default="1,4,16,32", help="in-process levels")
-    ap.add_argument("--repeats", type=int, default=2, help="timed runs per cell at least, method order rotated")
-    ap.add_argument("--min-seconds", type=float, default=10.0,
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell at least, method order rotated")
+    ap.add_argument("--min-seconds", type=float, default=30.0,
                     help="each method is timed for about this long per cell (more repeats where its runs are "
                          "short, up to --max-repeats)")
     ap.add_argument("--max-repeats", type=int, default=8)
@@ -202,27 +206,29 @@ def page(report: dict) -> str:
              "Each figure is a method's fastest of its repeats in tokens/s (wall, prefill included), methods "
              "interleaved in one run with the order rotated; `x AR` is over AR in the same cell. drafted = share of "
              "rounds that drafted. = AR: greedy outputs equal to AR's (fewest over repeats) / requests.", "",
-             "Sized to finish well within 25 minutes on a 2-core machine shared with other work (3 minutes quiet, 30 under load average 3-5): few prompts per "
-             "domain at B = 1, short outputs, few repeats (the command above and the runs column say how many). On such a machine single rounds stall for seconds when "
-             "another process runs (prefill chunks were read at 0.2 to 8 s for the same shape), so a cell's ratio "
-             "can move by tens of percent between runs; read the columns that count (auto drafted, = AR) as "
-             "measured and the speed ratios as indicative only. Where the default execution is torch bf16 (this "
-             "machine has AVX512-BF16), greedy outputs in a batch may differ from AR's by near-ties.", "",
+             "About 30 minutes on a 2-core machine with the defaults (the command above and the runs column say "
+             "how many repeats each cell had). On such a machine a whole run moves by 3-8% between repeats "
+             "(another process, memory traffic), so a cell's best-run ratio can move by a few percent between "
+             "reports; the paired column (median over repeats of each method's run over AR's run of the same "
+             "repeat) is the drift-free cross-check. Read the columns that count (auto drafted, = AR) as measured. "
+             "Where the default execution is torch bf16, greedy outputs in a batch may differ from AR's by "
+             "near-ties.", "",
              "Each cell first runs every method once untimed on its own prompts (a first run at a new batch size "
              "reads 10-20% slow for every method), then times each for about `--min-seconds` (more repeats where "
              "runs are short). noise: the largest gap between a method's best and next-best run, over its best. "
              "Issue 40's bar: where cast:3 does not beat AR, auto >= 0.98x AR (`meets`); where it does, auto >= "
              "cast:3 (`meets`) or within the cell's noise of it (`within noise`); else `MISS`.", "",
              "| part | workload | c | AR tok/s | cast:3 x AR | cast:auto x AR | bar | noise | runs | cast:3 / auto x AR "
-             "(CPU s) | auto drafted | auto R | = AR (3 / auto) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "paired | cast:3 / auto x AR (CPU s) | auto drafted | auto R | = AR (3 / auto) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cl in report["cells"]:
         r = cl["rows"]
         ar, c3, au = r["ar"], r["cast:3"], r["cast:auto"]
         noise = f"{au['noise']:.1%}" if au.get("noise") is not None else "-"
+        paired = f"{c3['paired_vs_ar']:.2f} / {au['paired_vs_ar']:.2f}" if "paired_vs_ar" in au else "-"
         lines.append(f"| {cl['part']} | {cl['workload']} | {cl['concurrency']} | {ar['tokens_per_s']:.1f} | "
                      f"{c3['vs_ar']:.2f} | {au['vs_ar']:.2f} | {verdict(r) if 'noise' in au else '-'} | {noise} | "
-                     f"{len(au['runs_tokens_per_s'])} | {c3['cpu_vs_ar']:.2f} / {au['cpu_vs_ar']:.2f} | "
+                     f"{len(au['runs_tokens_per_s'])} | {paired} | {c3['cpu_vs_ar']:.2f} / {au['cpu_vs_ar']:.2f} | "
                      f"{au['drafted_share']:.0%} | {au['mean_R']:.2f} | "
                      f"{c3['equal_to_ar']} / {au['equal_to_ar']} of {ar['requests']} |")
     if "aiperf" in report:

@@ -17,9 +17,13 @@ def test_the_page_has_one_row_per_cell_with_ratios_over_ar():
            "equal_to_ar": 2, "requests": 2, "runs_tokens_per_s": [10.0, 9.8, 9.5], "noise": 0.02}
     report = {"command": "python -m perf.never_slower --out x", "machine": {"cpu_model": "cpu"}, "engine": {},
               "wall_minutes": 1.0, "cells": [{"part": "B = 1", "workload": "gsm8k", "concurrency": 1, "rows": {
-                  "ar": row, "cast:3": row | {"vs_ar": 1.25, "cpu_vs_ar": 1.2}, "cast:auto": row | {"vs_ar": 0.99}}}]}
+                  "ar": row, "cast:3": row | {"vs_ar": 1.25, "cpu_vs_ar": 1.2, "paired_vs_ar": 1.21},
+                  "cast:auto": row | {"vs_ar": 0.99, "paired_vs_ar": 1.01}}}]}
     text = page(report | {"code": "8c2cfb6"})
-    assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | MISS | 2.0% | 3 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
+    assert "| B = 1 | gsm8k | 1 | 10.0 | 1.25 | 0.99 | MISS | 2.0% | 3 | 1.21 / 1.01 | 1.20 / 1.00 | 0% | 1.00 | 2 / 2 of 2 |" in text
+    older = report | {"cells": [{**report["cells"][0], "rows": {k: {f: v for f, v in r.items() if f != "paired_vs_ar"}
+                                                            for k, r in report["cells"][0]["rows"].items()}}]}
+    assert "| 3 | - | 1.20 / 1.00 |" in page(older)  # a report from before the paired column
     assert "--out x` at code 8c2cfb6 —" in text and "at code unknown" in page(report)  # older reports: no code
 
 
@@ -47,6 +51,8 @@ def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_within_no
 
 
 def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
+    import pytest
+
     from cast_trtllm.cost_model import OnlineCostModel
     from perf.never_slower import METHODS, cell
 
@@ -64,7 +70,10 @@ def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
         assert len(row["runs_tokens_per_s"]) == 3 and row["tokens_per_s"] > 0 and row["cpu_s"] > 0
         assert row["warmup_wall_s"] > 0 and 0 <= row["noise"] < 1
         assert row["equal_to_ar"] == row["requests"] == 2  # fp32: every method's greedy output is AR's
-    assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["drafted_share"] == 0.0
+    assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["drafted_share"] == 0.0 and rows["ar"]["paired_vs_ar"] == 1.0
+    for row in rows.values():  # the median of per-repeat ratios over AR's run in the same repeat
+        ratios = sorted(x / a for x, a in zip(row["runs_tokens_per_s"], rows["ar"]["runs_tokens_per_s"]))
+        assert row["paired_vs_ar"] == pytest.approx(ratios[1])
 
 
 def test_the_server_part_joins_the_page_from_an_aiperf_run_folder(tmp_path):
