@@ -7,6 +7,8 @@ curve; they know nothing of masses or width rules. Pure numpy.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 CLIFF_JUMP = 0.10  # a cliff rises this fraction of ms[i] above the local slope's prediction
@@ -107,3 +109,32 @@ def robust_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         return float("nan"), float("nan")
     slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
     return slope, float(np.median(y - slope * x))
+
+
+def fill_curve(x: np.ndarray, x_cells: np.ndarray, y_cells: np.ndarray,
+               prior: Mapping[int, float] | None = None) -> np.ndarray:
+    """ell at packed-token totals x [C] from measured cells (totals x_cells [M], ms y_cells [M]): the
+    prior's shape (packed count -> ms) mapped onto the cells by a robust affine fit; without a prior an
+    affine fit of the cells; with no cells, the prior (or 1 ms)."""
+    if len(x_cells) == 0:
+        return np.ones_like(x) if prior is None else prior_at(prior, x)
+    if prior is None:
+        slope, intercept = robust_line(x_cells, y_cells)
+        if not slope > 0:  # one width read, or no rise: flat (optimistic) until more are read
+            return np.full_like(x, np.median(y_cells))
+        return intercept + slope * x
+    basis = prior_at(prior, x_cells)
+    slope, intercept = robust_line(basis, y_cells)
+    if slope > 0:  # the prior's shape at the live level and slope
+        return intercept + slope * prior_at(prior, x)
+    return prior_at(prior, x) * float(np.median(y_cells / basis))  # one width read, or no trend: scale
+
+
+def prior_at(prior: Mapping[int, float], n: np.ndarray) -> np.ndarray:
+    """A prior curve (packed count -> ms) at packed counts n; linear beyond its widest count, flat below its first."""
+    pn, pm = list(prior), list(prior.values())
+    out = np.interp(n, pn, pm)
+    if len(pn) >= 2:
+        slope = max((pm[-1] - pm[-2]) / (pn[-1] - pn[-2]), 0.0)
+        out = np.where(n > pn[-1], pm[-1] + slope * (n - pn[-1]), out)
+    return out

@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from cast_trtllm.cost_curve import robust_line
+from cast_trtllm.cost_curve import fill_curve
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
 from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_policy, drafting_of, table_rule_width,
                                width_choice)
@@ -73,6 +73,7 @@ class OnlineCostModel:
     chooses: int = field(default=0, init=False, repr=False)
     tables: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # verify_ms cache
     drafts: dict[int, float] = field(default_factory=dict, init=False, repr=False)  # draft_ms cache
+    rates: dict[tuple, float] = field(default_factory=dict, init=False, repr=False)  # best_rate cache (both's)
 
     def __post_init__(self) -> None:
         self.buckets = ascending_ints(tuple(self.buckets), "OnlineCostModel.buckets")
@@ -103,15 +104,20 @@ class OnlineCostModel:
         if slot < len(self.buckets):
             bucket = self.buckets[slot]
             if self._push(self.verify.setdefault(batch, {}).setdefault(bucket, []), ms):
-                self.tables.clear()  # every table may read this cell (a batch without cells reads all)
-                self.drafts.clear()  # beyond its measured batches the draft cost scales as verify does
+                # every table may read this cell (a batch without cells reads all); beyond its measured
+                self._moved(tables=True)  # batches the draft cost scales as verify does
             self.last_read[(batch, bucket)] = self.rounds
 
     def observe_draft(self, ms: float, batch: int = 1) -> None:
         """What drafting added to one round of `batch` requests (drafter call + tree host work)."""
         check_batch(batch)
         if self._push(self.draft.setdefault(batch, []), milliseconds(ms, "observe_draft ms", positive=False)):
-            self.drafts.clear()
+            self._moved(tables=False)
+
+    def _moved(self, tables: bool) -> None:
+        """What the tables read moved: drop the caches that read it (verify tables only where `tables`)."""
+        for cache in (self.tables, self.drafts, self.rates) if tables else (self.drafts, self.rates):
+            cache.clear()
 
     def _push(self, readings: list[float], ms: float) -> bool:
         """Keep the newest `window` readings; -> whether what the tables read of them moved (estimate, known)."""
@@ -132,7 +138,7 @@ class OnlineCostModel:
         own = {b: typical(v) for b, v in row.items()}
         cells = ((batch * np.array(list(own), np.float64), np.array(list(own.values()), np.float64)) if own
                  else self._all_cells())  # no cell of its own: every batch's
-        filled = self._fill(np.array(self.buckets, np.float64) * batch, *cells)
+        filled = fill_curve(np.array(self.buckets, np.float64) * batch, *cells, self.prior)
         # a cell read fewer than min_readings times is priced no higher than the fill: one
         # stalled first reading must not hide a bucket that the other cells say is cheap
         out = [f if b not in own else own[b] if len(row[b]) >= self.min_readings else min(own[b], f)
@@ -141,30 +147,6 @@ class OnlineCostModel:
         for j, cheapest in zip(read, np.minimum.accumulate([out[j] for j in read][::-1])[::-1]):
             out[j] = float(cheapest)  # a narrow pack could run padded wider: a dearer narrow read cell is a stall
         return np.maximum(out, MIN_MS)
-
-    def _fill(self, x: np.ndarray, x_cells: np.ndarray, y_cells: np.ndarray) -> np.ndarray:
-        """ell at packed-token totals x [C] from measured cells (totals x_cells [M], ms y_cells [M])."""
-        if len(x_cells) == 0:
-            return np.ones_like(x) if self.prior is None else self._prior_at(x)
-        if self.prior is None:
-            slope, intercept = robust_line(x_cells, y_cells)
-            if not slope > 0:  # one width read, or no rise: flat (optimistic) until more are read
-                return np.full_like(x, np.median(y_cells))
-            return intercept + slope * x
-        basis = self._prior_at(x_cells)
-        slope, intercept = robust_line(basis, y_cells)
-        if slope > 0:  # the prior's shape at the live level and slope
-            return intercept + slope * self._prior_at(x)
-        return self._prior_at(x) * float(np.median(y_cells / basis))  # one width read, or no trend: scale
-
-    def _prior_at(self, n: np.ndarray) -> np.ndarray:
-        """The prior curve at packed counts n; linear beyond its widest count, flat below its first."""
-        pn, pm = list(self.prior), list(self.prior.values())
-        out = np.interp(n, pn, pm)
-        if len(pn) >= 2:
-            slope = max((pm[-1] - pm[-2]) / (pn[-1] - pn[-2]), 0.0)
-            out = np.where(n > pn[-1], pm[-1] + slope * (n - pn[-1]), out)
-        return out
 
     def _all_cells(self) -> tuple[np.ndarray, np.ndarray]:
         """Every batch's measured cells -> (packed tokens of the pass [M], ms [M])."""
@@ -188,7 +170,7 @@ class OnlineCostModel:
         base, at = (ms[-1], known[-1]) if known else (self.prior_draft_ms, 1)
         if batch == at or base == 0.0:
             return base
-        rows = self._fill(np.array([at, batch], np.float64) * self.draft_rows, *self._all_cells())
+        rows = fill_curve(np.array([at, batch], np.float64) * self.draft_rows, *self._all_cells(), self.prior)
         return base * float(rows[1] / rows[0]) if rows[0] > 0 and rows[1] > rows[0] else base
 
     def round_ms(self, packed: int, batch: int = 1, drafted: bool = True) -> float:
@@ -203,8 +185,13 @@ class OnlineCostModel:
 
     def best_rate(self, masses_desc: np.ndarray, batch: int = 1, drafting: int | None = None) -> float:
         """Tokens/ms of the table rule's best tree for these masses (drafted round), no exploration;
-        drafting: the requests of the round that draft (None: all `batch`), whose draft pass it pays."""
-        return self.choose(masses_desc, batch, explore=False, drafting=drafting).predicted_tokens_per_ms
+        drafting: the requests of the round that draft (None: all `batch`), whose draft pass it pays.
+        Kept until the table moves: gates holding the engine's pooled masses all ask the same (c = 16
+        continuous, 2-core CPU: 126 asks a run, 18 of them distinct)."""
+        key = (np.asarray(masses_desc, np.float64).tobytes(), batch, drafting)
+        if key not in self.rates:
+            self.rates[key] = self.choose(masses_desc, batch, explore=False, drafting=drafting).predicted_tokens_per_ms
+        return self.rates[key]
 
     def ar_rate(self, batch: int = 1) -> float:
         """Tokens/ms of an undrafted (AR) round."""

@@ -38,7 +38,8 @@ is left (`expire`), the backoff drops to `ProbeBackoff.settled` tries, as a new 
 the engine's (a far-off price still waits the longest; a close call waits every << settled rounds).
 (c = 4 continuous, 2-core CPU, runs back to back: a backoff of 32 rounds learned on GSM8K answers held
 the next batch of synthetic prompts, where cast:3 won 1.04x AR, on AR for its whole run.)
-Pure numpy; the engine calls `settle` and `due` before a round, `tried`, `confirmed` and `expire` after it.
+Pure numpy; the engine calls `settle` and `tick` (then `ready`, the pricing, only once the wait is
+over) before a round, `tried`, `confirmed` and `expire` after it.
 """
 
 from __future__ import annotations
@@ -120,17 +121,27 @@ class LoadProbe:
     def due(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
             horizon: float | None = None, trying: int | None = None, held: bool = False) -> bool:
         """Called once per AR round under load: whether this round should draft for `trying` gated
-        requests (None: the whole batch; at the backoff's interval, at its longest while drafting is
-        priced below `margin` of AR at `batch`, priced once per wait; at once after a promising
-        screen), and only where the probe can pay back (`probe_backoff.try_pays`) in the rounds after its
-        `lead`: once_ms, the drafter's context pass over the trying requests' rows since their last draft;
-        horizon, the rounds the batch has left (None: unbounded). masses: every gated request's typical masses.
-        held: a veto of the realized guard is holding (`RealizedGuard.holding`); a try now could not
-        lift it and would only back this probe off, so none is due (the round still counts towards the
-        wait). (c = 4 continuous, 2-core CPU: a screen 7 rounds into a 16-round hold, then a try of all
+        requests (None: the whole batch). `tick` counts the round, `ready` prices the probe."""
+        return self.tick(held) and self.ready(masses, batch, once_ms, horizon, trying)
+
+    def tick(self, held: bool = False) -> bool:
+        """Count an AR round under load towards the wait; -> whether a probe may be due this round (`ready`
+        decides): the interval, and the wait once priced, are over. The engine reads the gates' masses only
+        then, so between probes a batch playing AR pays no pricing (issue 40). held: a veto of the realized guard is holding (`RealizedGuard.holding`); a try now
+        could not lift it and would only back this probe off, so none is due (the round still counts towards
+        the wait). (c = 4 continuous, 2-core CPU: a screen 7 rounds into a 16-round hold, then a try of all
         4, doubled the wait, and the batch played AR to its end, where cast:3 won 1.18x AR.)"""
         self._since += 1
-        if held or not masses or (self._since < self.interval and not self._full):
+        return not held and (self._full or self._since >= max(self.interval, self._wait or 0))
+
+    def ready(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
+              horizon: float | None = None, trying: int | None = None) -> bool:
+        """After a `tick` that allows it: whether the probe is due now (at the backoff's interval, at its
+        longest while drafting is priced below `margin` of AR at `batch`, priced once per wait; at once after
+        a promising screen), and only where it can pay back (`probe_backoff.try_pays`) in the rounds after its
+        `lead`: once_ms, the drafter's context pass over the trying requests' rows since their last draft;
+        horizon, the rounds the batch has left (None: unbounded). masses: every gated request's typical masses."""
+        if not masses:
             return False
         ar_ms, probe_ms = self.costs.round_ms(1, batch, drafted=False), self._probe_ms(batch, trying)
         if self._full:

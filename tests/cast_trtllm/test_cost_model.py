@@ -274,15 +274,18 @@ def test_each_read_cell_is_priced_at_the_cheapest_read_cell_at_least_as_wide(see
                           st.booleans()), min_size=1, max_size=60))
 def test_cached_tables_are_never_stale(readings):
     """The tables rebuild only when a reading moves a cell's estimate (or makes it known): whatever the
-    readings, every cached verify row and draft cost equals one computed afresh."""
+    readings, every cached verify row, draft cost and best rate equals one computed afresh."""
     model = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)
+    fresh = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)  # read alike, asked only once each
     for batch, per_request, ms, drafted in readings:
-        model.observe_verify(batch * (1 + per_request), ms, batch)
-        if drafted:
-            model.observe_draft(ms / 4, batch)
+        for m in (model, fresh):
+            m.observe_verify(batch * (1 + per_request), ms, batch)
+            if drafted:
+                m.observe_draft(ms / 4, batch)
         for b in (1, 2, 3, 4, 8):
             np.testing.assert_array_equal(model.verify_ms(b), model._table(b))
             assert model.draft_ms(b) == model._draft(b)
+            assert model.best_rate(MASSES[:20], b) == fresh.choose(MASSES[:20], b, explore=False).predicted_tokens_per_ms
 
 
 def _partial_round_model() -> OnlineCostModel:

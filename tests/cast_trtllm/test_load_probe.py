@@ -56,6 +56,26 @@ def test_no_probe_is_due_while_a_veto_of_the_realized_guard_holds_but_its_rounds
     assert probe.due(TINY, 8)  # the held rounds counted: due on the first round after the hold
 
 
+def test_between_probes_a_tick_says_no_probe_is_due_so_the_engine_prices_nothing():
+    """Issue 40: a batch playing AR pays for no pricing between probes. `tick` is False but on the round a
+    wait is priced (once, when the interval is over) and the round it ends; `due` is `tick`, then `ready`."""
+    ticking, due = (LoadProbe(_table(24.0, draft_ms=5.0), every=2, max_backoff=4) for _ in range(2))
+    for probe in (ticking, due):  # two confirming tries: far off, the wait is the longest (32 rounds)
+        _probed(probe, 10, TINY)
+    ready, fired = [], []
+    for i in range(100):
+        if ticking.tick():
+            ready.append(i)
+            if ticking.ready(TINY, 8):
+                fired.append(i)
+                ticking.confirmed(still_ar=True)
+        if due.due(TINY, 8):
+            due.confirmed(still_ar=True)
+            assert fired and fired[-1] == i
+    assert list(np.diff(fired)) == [32, 32]
+    assert set(fired) <= set(ready) and len(ready) <= 2 * len(fired)  # a wait's pricing round, its probe
+
+
 def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
     probe = LoadProbe(_table(20.1, draft_ms=0.1), every=4, max_backoff=2)
     assert len(_probed(probe, 12, TINY)) == 2  # two confirming probes: the interval is 16
