@@ -44,7 +44,7 @@ import numpy as np
 
 from cast_trtllm.cost_curve import fill_curve
 from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
-from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_policy, drafting_of, table_rule_width,
+from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_policy, checked_table_width, drafting_of,
                                width_choice)
 
 SCHEMA_VERSION = 2  # 2: a verify reading carries the walk, commit and KV compaction after the pass
@@ -209,7 +209,7 @@ class OnlineCostModel:
         theirs; the verify is the B-request row (it pads every request to the widest pack)."""
         rho, spread = check_masses(masses_desc) ** self.mass_exponent, drafting_of(drafting, batch)
         ms, fixed, hi = self.verify_ms(batch), self.draft_ms(spread), spread * self.max_budget
-        budget, bucket = table_rule_width(rho, self.buckets, ms, fixed, hi, batch, spread)
+        budget, bucket = checked_table_width(rho, self.buckets, ms, fixed, hi, batch, spread)
         if explore:
             self.chooses += 1
             if self.chooses % self.probe_every == 0:

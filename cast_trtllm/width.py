@@ -72,6 +72,12 @@ def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: 
     spread = drafting_of(drafting, batch)
     if fixed_ms < 0:
         raise ValueError(f"fixed_ms must be >= 0, got {fixed_ms}")
+    return checked_table_width(rho, buckets, ms, fixed_ms, n_max, batch, spread)
+
+
+def checked_table_width(rho: np.ndarray, buckets, ms: np.ndarray, fixed_ms: float, n_max: int | None, batch: int,
+                        spread: int) -> tuple[int, int]:
+    """`table_rule_width` on inputs its caller has checked (the cost model: its own table, masses checked once)."""
     budgets = np.arange(_budget_limit(min(len(rho), spread * (int(buckets[-1]) - 1)), n_max) + 1)  # [C]
     slot = bucket_slot(buckets, budgets, spread)                         # [C] bucket index
     committed = batch + np.concatenate([[0.0], np.cumsum(rho)])[budgets]

@@ -77,7 +77,9 @@ def _auto_rule(width: WidthSource | None, prefix_lens: Sequence[int], auto: list
     if width is None:
         raise ValueError("budget 'auto' needs a width rule (a width profile or the online cost model)")
     rule = width(max(prefix_lens[b] for b in auto))
-    reach = rule.max_budget if len(auto) == 1 else max(rule.max_budget, spec.max_request_width)
+    # several share one budget, and `_split` gives none more than max_request_width: candidates past it
+    # could only inflate the pooled masses the budget is priced on (and cost a wider search each round)
+    reach = rule.max_budget if len(auto) == 1 else spec.max_request_width
     return rule, min(reach, spec.max_nodes(L))
 
 
