@@ -73,7 +73,7 @@ class OnlineCostModel:
     chooses: int = field(default=0, init=False, repr=False)
     tables: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # verify_ms cache
     drafts: dict[int, float] = field(default_factory=dict, init=False, repr=False)  # draft_ms cache
-    rates: dict[tuple, float] = field(default_factory=dict, init=False, repr=False)  # best_rate cache (both's)
+    rates: dict[tuple, float] = field(default_factory=dict, init=False, repr=False)  # best_rate cache
 
     def __post_init__(self) -> None:
         self.buckets = ascending_ints(tuple(self.buckets), "OnlineCostModel.buckets")
@@ -104,8 +104,8 @@ class OnlineCostModel:
         if slot < len(self.buckets):
             bucket = self.buckets[slot]
             if self._push(self.verify.setdefault(batch, {}).setdefault(bucket, []), ms):
-                # every table may read this cell (a batch without cells reads all); beyond its measured
-                self._moved(tables=True)  # batches the draft cost scales as verify does
+                # every table may read this cell (a batch without cells reads all), and the draft cost
+                self._moved(tables=True)  # beyond its measured batches scales as verify does
             self.last_read[(batch, bucket)] = self.rounds
 
     def observe_draft(self, ms: float, batch: int = 1) -> None:

@@ -127,10 +127,11 @@ class LoadProbe:
     def tick(self, held: bool = False) -> bool:
         """Count an AR round under load towards the wait; -> whether a probe may be due this round (`ready`
         decides): the interval, and the wait once priced, are over. The engine reads the gates' masses only
-        then, so between probes a batch playing AR pays no pricing (issue 40). held: a veto of the realized guard is holding (`RealizedGuard.holding`); a try now
-        could not lift it and would only back this probe off, so none is due (the round still counts towards
-        the wait). (c = 4 continuous, 2-core CPU: a screen 7 rounds into a 16-round hold, then a try of all
-        4, doubled the wait, and the batch played AR to its end, where cast:3 won 1.18x AR.)"""
+        then, so between probes a batch playing AR pays no pricing (issue 40). held: a veto of the realized
+        guard is holding (`RealizedGuard.holding`); a try now could not lift it and would only back this probe
+        off, so none is due (the round still counts towards the wait). (c = 4 continuous, 2-core CPU: a screen
+        7 rounds into a 16-round hold, then a try of all 4, doubled the wait, and the batch played AR to its
+        end, where cast:3 won 1.18x AR.)"""
         self._since += 1
         return not held and (self._full or self._since >= max(self.interval, self._wait or 0))
 

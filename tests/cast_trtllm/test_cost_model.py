@@ -276,7 +276,7 @@ def test_cached_tables_are_never_stale(readings):
     """The tables rebuild only when a reading moves a cell's estimate (or makes it known): whatever the
     readings, every cached verify row, draft cost and best rate equals one computed afresh."""
     model = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)
-    fresh = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)  # read alike, asked only once each
+    fresh = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)  # read alike, its rates never cached
     for batch, per_request, ms, drafted in readings:
         for m in (model, fresh):
             m.observe_verify(batch * (1 + per_request), ms, batch)
@@ -285,7 +285,8 @@ def test_cached_tables_are_never_stale(readings):
         for b in (1, 2, 3, 4, 8):
             np.testing.assert_array_equal(model.verify_ms(b), model._table(b))
             assert model.draft_ms(b) == model._draft(b)
-            assert model.best_rate(MASSES[:20], b) == fresh.choose(MASSES[:20], b, explore=False).predicted_tokens_per_ms
+            afresh = fresh.choose(MASSES[:20], b, explore=False).predicted_tokens_per_ms
+            assert model.best_rate(MASSES[:20], b) == afresh
 
 
 def _partial_round_model() -> OnlineCostModel:
