@@ -50,6 +50,7 @@ from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_pol
 SCHEMA_VERSION = 2  # 2: a verify reading carries the walk, commit and KV compaction after the pass
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_MS = 1e-3  # a filled cell is never cheaper than this
+RATES_KEPT = 256  # best_rate answers kept between table moves
 
 
 @dataclass(slots=True)
@@ -189,6 +190,8 @@ class OnlineCostModel:
         Kept until the table moves: gates holding the engine's pooled masses all ask the same (c = 16
         continuous, 2-core CPU: 126 asks a run, 18 of them distinct)."""
         key = (np.asarray(masses_desc, np.float64).tobytes(), batch, drafting)
+        if key not in self.rates and len(self.rates) >= RATES_KEPT:  # a table that stays put must not
+            self.rates.clear()  # keep every drafted round's masses of a long-running server
         if key not in self.rates:
             self.rates[key] = self.choose(masses_desc, batch, explore=False, drafting=drafting).predicted_tokens_per_ms
         return self.rates[key]

@@ -208,8 +208,8 @@ def page(report: dict) -> str:
              "rounds that drafted. = AR: greedy outputs equal to AR's (fewest over repeats) / requests.", "",
              "About 30 minutes on a 2-core machine with the defaults (the command above and the runs column say "
              "how many repeats each cell had). On such a machine a whole run moves by 3-10% between repeats, "
-             "up to 19% within one cell (another process, memory traffic), so a cell's best-run ratio can move by a few percent between "
-             "reports; the paired column (median over repeats of each method's run over AR's run of the same "
+             "up to 19% within one cell (another process, memory traffic), so a cell's best-run ratio can move "
+             "by a few percent between reports; the paired column (median over repeats of each method's run over AR's run of the same "
              "repeat) is the drift-free cross-check. Read the columns that count (auto drafted, = AR) as measured. "
              "Where the default execution is torch bf16, greedy outputs in a batch may differ from AR's by "
              "near-ties.", "",

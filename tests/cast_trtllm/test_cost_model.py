@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cast_trtllm.cost_cache import cost_cache_key, default_cache_dir
-from cast_trtllm.cost_model import DEFAULT_BUCKETS, OnlineCostModel, typical
+from cast_trtllm.cost_model import DEFAULT_BUCKETS, RATES_KEPT, OnlineCostModel, typical
 from cast_trtllm.draft_gate import DraftGate
 from cast_trtllm.width import WidthPolicy
 from cast_trtllm.width import table_rule_width
@@ -287,6 +287,16 @@ def test_cached_tables_are_never_stale(readings):
             assert model.draft_ms(b) == model._draft(b)
             afresh = fresh.choose(MASSES[:20], b, explore=False).predicted_tokens_per_ms
             assert model.best_rate(MASSES[:20], b) == afresh
+
+
+def test_best_rates_kept_between_table_moves_stay_bounded_and_right():
+    """A table that never moves (no reading) is asked about ever new masses, as a long-running server's drafted
+    rounds would: the cache stays bounded, and every answer is still the table's."""
+    model = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)
+    for i in range(1000):
+        masses = MASSES[:20] * (1 - i / 2000)
+        assert model.best_rate(masses, 4) == model.choose(masses, 4, explore=False).predicted_tokens_per_ms
+        assert len(model.rates) <= RATES_KEPT
 
 
 def _partial_round_model() -> OnlineCostModel:
