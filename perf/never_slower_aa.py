@@ -1,0 +1,109 @@
+"""How far apart the never-slower report reads one method against itself (an A/A run).
+
+    python -m perf.never_slower_aa --out perf/results/never_slower_aa [--cells b1:humaneval,c4:continuous]
+
+Each cell is `perf.never_slower.cell` with cast:3 run twice, the second time in cast:auto's
+place: the same work, interleaved and rotated as the report runs it. Whatever the bar reads
+between the two is measurement, so a bar that calls it `MISS` judges noise. Per cell:
+- `verdict` (the report's bar: best runs, then the paired upper bound) on cast:3 against itself;
+- the rule it replaced: the best-run ratio within the largest best / next-best gap of a method's runs;
+- its power: AR in cast:auto's place, against cast:3 where cast:3 beats AR (it must read `MISS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from perf.datasets import load_dataset
+from perf.harness import MethodSpec
+from perf.never_slower import code_version, cell, paired, synthetic, verdict
+from perf.report import machine_info
+from perf.throughput import serve_method
+
+AA = (MethodSpec("ar"), MethodSpec("cast", 3), MethodSpec("cast", 3))
+LABELS = ("ar", "cast:3", "cast:auto")  # the bar's keys: the second cast:3 stands where auto would
+CELLS = "b1:gsm8k,b1:humaneval,b1:mt_bench,c4:all-at-once,c4:continuous,c16:all-at-once"
+
+
+def prompts(encode, name: str, n: int) -> tuple[list[list[int]], int]:
+    """A cell's prompts and concurrency: `b1:<domain>` (n prompts one after another) or
+    `c<C>:all-at-once|continuous` (the report's synthetic + GSM8K pool)."""
+    where, _, what = name.partition(":")
+    if where == "b1":
+        return [encode(r.prompt) for r in load_dataset(what, n)], 1
+    if not (where.startswith("c") and where[1:].isdigit() and what in ("all-at-once", "continuous")):
+        raise SystemExit(f"cell {name!r}: use b1:<domain> or c<C>:all-at-once / c<C>:continuous")
+    c = int(where[1:])
+    pool = synthetic(encode, c, seed=c) + [encode(r.prompt) for r in load_dataset("gsm8k", c)]
+    return (pool[:c] if what == "all-at-once" else pool[:2 * c]), c
+
+
+def gap_rule(rows: dict) -> str:
+    """The bar's width-cell rule before this file: auto's best run within the largest best /
+    next-best gap of any method's runs (over its best) of cast:3's best run."""
+    gaps = [(a - b) / a for a, b in (sorted(r["runs_tokens_per_s"], reverse=True)[:2] for r in rows.values())]
+    auto, static = rows["cast:auto"]["vs_ar"], rows["cast:3"]["vs_ar"]
+    return "meets" if auto >= static else "within noise" if auto >= static * (1 - max(gaps)) else "MISS"
+
+
+def judged(rows: dict) -> dict:
+    """The A/A cell's readings under the bar, under the rule it replaced, and the bar's power."""
+    twin = paired(rows["cast:auto"]["runs_tokens_per_s"], rows["cast:3"]["runs_tokens_per_s"])
+    out = {"best_run_ratio": rows["cast:auto"]["vs_ar"] / rows["cast:3"]["vs_ar"], "paired": twin,
+           "bar": verdict(rows), "gap_rule": gap_rule(rows), "cast3_vs_ar": rows["cast:3"]["vs_ar"]}
+    if rows["cast:3"]["vs_ar"] > 1.0:  # AR where auto stands: a method cast:3 beats must read MISS
+        out["bar_on_ar"] = verdict({"cast:3": rows["cast:3"], "cast:auto": rows["ar"]})
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
+    ap.add_argument("--cells", default=CELLS)
+    ap.add_argument("--num-prompts", type=int, default=6, help="prompts per B = 1 cell")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--min-seconds", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    from runtime.engine.build import build_engine
+
+    started, built = time.time(), build_engine()
+    report = {"command": "python -m perf.never_slower_aa " + " ".join(argv or __import__("sys").argv[1:]),
+              "code": code_version(), "machine": machine_info(), "cells": []}
+    for m in AA:  # warm-up, as the report's
+        serve_method(built.engine, m, synthetic(built.encode, 2, seed=99), 16, 2)
+    for name in args.cells.split(","):
+        ids, c = prompts(built.encode, name, args.num_prompts)
+        rows, _ = cell(built.engine, ids, args.max_new_tokens, c, 3, None, args.min_seconds, methods=AA, labels=LABELS)
+        entry = {"cell": name, "runs": {k: r["runs_tokens_per_s"] for k, r in rows.items()}} | judged(rows)
+        report["cells"].append(entry)
+        print(f"{name}: cast:3 / cast:3 best {entry['best_run_ratio']:.3f}, bar {entry['bar']}, "
+              f"gap rule {entry['gap_rule']}, AR in auto's place {entry.get('bar_on_ar', '-')}", flush=True)
+    report["wall_minutes"] = (time.time() - started) / 60
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(page(report))
+
+
+def page(report: dict) -> str:
+    lines = ["# A/A: the never-slower bar on cast:3 against itself", "",
+             f"`{report['command']}` at code {report['code']} — {report['wall_minutes']:.1f} min. "
+             f"Machine: {json.dumps(report['machine'])}.", "",
+             "cast:3 runs twice per cell, the second time in cast:auto's place (`perf/never_slower_aa.py`). "
+             "bar: the report's (`perf.never_slower.verdict`); gap rule: the one it replaced (best runs within "
+             "the largest best / next-best gap); AR in auto's place: the bar's power, where cast:3 beats AR.", "",
+             "| cell | cast:3 x AR | best-run ratio (twin / cast:3) | paired (95% bound) | bar | gap rule | "
+             "AR in auto's place | runs (cast:3; twin) |", "|---|---|---|---|---|---|---|---|"]
+    for e in report["cells"]:
+        p = f"{e['paired'][0]:.3f} (<= {e['paired'][1]:.3f})" if e["paired"] else "-"
+        runs = "; ".join(", ".join(f"{v:.1f}" for v in e["runs"][k]) for k in ("cast:3", "cast:auto"))
+        lines.append(f"| {e['cell']} | {e['cast3_vs_ar']:.2f} | {e['best_run_ratio']:.3f} | {p} | {e['bar']} | "
+                     f"{e['gap_rule']} | {e.get('bar_on_ar', '-')} | {runs} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
