@@ -117,7 +117,7 @@ def test_the_server_part_joins_the_page_from_an_aiperf_run_folder(tmp_path):
 def test_the_aa_run_judges_cast3_against_itself_by_the_bar_and_by_the_rule_it_replaced():
     import pytest
 
-    from perf.never_slower_aa import gap_rule, judged, prompts
+    from perf.never_slower_aa import gap_rule, judged, methods, prompts
 
     def row(vs_ar, runs):
         return {"vs_ar": vs_ar, "runs_tokens_per_s": runs}
@@ -129,6 +129,13 @@ def test_the_aa_run_judges_cast3_against_itself_by_the_bar_and_by_the_rule_it_re
     assert gap_rule(rows) == "MISS" and out["bar"] == "within noise"
     assert out["best_run_ratio"] == pytest.approx(0.99) and out["paired"][1] >= 1.0
     assert out["bar_on_ar"] == "MISS"  # AR in auto's place, every repeat 17% under cast:3: the bar sees it
-    assert "bar_on_ar" not in judged({k: r | {"vs_ar": 1.0} for k, r in rows.items()})  # no width pays
+    # no width pays: the twin is AR's, held to the 0.98 x AR floor (the gap rule judged width cells only)
+    flat = judged({"ar": row(1.0, [10.0, 9.9]), "cast:3": row(0.8, [8.0, 7.9]), "cast:auto": row(0.97, [9.7, 9.9])})
+    assert flat["bar"] == "MISS" and flat["gap_rule"] == "-" and "bar_on_ar" not in flat
+    assert flat["paired"][0] == pytest.approx((0.97 * 1.0) ** 0.5)
+    assert [m.label for m in methods("c16:all-at-once=ar")] == ["ar", "cast:3", "ar"]
+    assert [m.label for m in methods("b1:gsm8k")] == ["ar", "cast:3", "cast:3"]
     with pytest.raises(SystemExit, match="b1:<domain>"):
         prompts(lambda text: [1], "c4:sometimes", 2)
+    with pytest.raises(SystemExit, match="twin"):
+        methods("c4:continuous=chain")
