@@ -113,18 +113,24 @@ def paired(runs, reference) -> tuple[float, float] | None:
     return float(np.exp(d.mean())), float(np.exp(d.mean() + t * d.std(ddof=1) / math.sqrt(len(d))))
 
 
+# the largest shortfall an A/A run may read between identical work, paired by repeat: 13 cells of two
+# `perf.never_slower_aa` runs (cast:3 or AR against itself, 2-core CPU) read 0.989-1.017, one of them
+# measurably under 1 (MT-Bench B = 1: 0.989, bound 0.995; its twin ran right after cast:3 in 3 of 4 repeats)
+AA_MARGIN = 0.015
+
+
 def verdict(rows: dict, floor: float = 0.98) -> str:
     """Issue 40's bar for one cell: where cast:3 does not beat AR, auto >= `floor` x AR (best runs);
-    where it does, auto >= cast:3 (best runs), or within noise of it: paired by repeat, the runs
-    cannot tell auto slower (`paired`'s upper bound >= 1). A best-run ratio alone cannot say that: an
-    A/A run (`perf.never_slower_aa`, cast:3 in auto's place) read identical work 0.965-1.045 apart."""
+    where it does, auto >= cast:3 (best runs), or within noise of it: paired by repeat, auto's runs
+    over cast:3's read at least 1 - AA_MARGIN, what identical work reads apart (`paired`'s mean). A
+    best-run ratio alone cannot say that: A/A runs read identical work's best runs 0.965-1.045 apart."""
     auto, static = rows["cast:auto"], rows["cast:3"]
     if static["vs_ar"] <= 1.0:
         return "meets" if auto["vs_ar"] >= floor else "MISS"
     if auto["vs_ar"] >= static["vs_ar"]:
         return "meets"
-    bound = paired(auto.get("runs_tokens_per_s", ()), static.get("runs_tokens_per_s", ()))
-    return "within noise" if bound is not None and bound[1] >= 1.0 else "MISS"
+    ratio = paired(auto.get("runs_tokens_per_s", ()), static.get("runs_tokens_per_s", ()))
+    return "within noise" if ratio is not None and ratio[0] >= 1.0 - AA_MARGIN else "MISS"
 
 
 def main(argv=None) -> None:
@@ -229,8 +235,9 @@ def page(report: dict) -> str:
              "reads 10-20% slow for every method), then times each for about `--min-seconds` (more repeats where "
              "runs are short). auto / cast:3 paired: the geometric mean over repeats of auto's run over cast:3's "
              "run of the same repeat, and its one-sided 95% upper bound (Student's t). Issue 40's bar: where "
-             "cast:3 does not beat AR, auto >= 0.98x AR (`meets`); where it does, auto >= cast:3 (`meets`) or "
-             "within noise of it: the paired runs cannot tell auto slower, bound >= 1 (`within noise`); else "
+             "cast:3 does not beat AR, auto >= 0.98x AR (best runs, `meets`); where it does, auto >= cast:3 "
+             f"(best runs, `meets`) or within noise of it: the paired mean >= {1 - AA_MARGIN:.3f} (A/A runs read "
+             "identical work at 0.989-1.017 paired: `perf/results/never_slower_aa.md`; `within noise`); else "
              "`MISS`.", "",
              "| part | workload | c | AR tok/s | cast:3 x AR | cast:auto x AR | bar | auto / cast:3 paired (95% bound) "
              "| runs | cast:3 / auto x AR "

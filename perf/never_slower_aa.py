@@ -70,6 +70,11 @@ def judged(rows: dict) -> dict:
     return out
 
 
+def rows_of(runs: dict) -> dict:
+    """A cell's rows as `perf.never_slower.cell` gives them, from its runs by label (best runs over AR's)."""
+    return {k: {"vs_ar": max(v) / max(runs["ar"]), "runs_tokens_per_s": v} for k, v in runs.items()}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
@@ -77,7 +82,15 @@ def main(argv=None) -> None:
     ap.add_argument("--num-prompts", type=int, default=6, help="prompts per B = 1 cell")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--min-seconds", type=float, default=30.0)
+    ap.add_argument("--page-only", action="store_true", help="judge OUT.json's runs again, write OUT.md; run nothing")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.page_only:
+        report = json.loads(out.with_suffix(".json").read_text())
+        report["cells"] = [e | judged(rows_of(e["runs"])) for e in report["cells"]]
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        out.with_suffix(".md").write_text(page(report))
+        return
     from runtime.engine.build import build_engine
 
     started, built = time.time(), build_engine()
@@ -93,7 +106,6 @@ def main(argv=None) -> None:
         print(f"{name}: twin / reference best {entry['best_run_ratio']:.3f}, bar {entry['bar']}, "
               f"gap rule {entry['gap_rule']}, AR in auto's place {entry.get('bar_on_ar', '-')}", flush=True)
     report["wall_minutes"] = (time.time() - started) / 60
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(page(report))

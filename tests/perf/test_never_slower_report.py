@@ -47,9 +47,13 @@ def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_within_no
     assert verdict(rows(0.80, 0.98)) == "meets" and verdict(rows(0.80, 0.97)) == "MISS"
     assert verdict(rows(1.00, 0.975, auto_runs=(20, 5, 10, 10))) == "MISS"  # no width pays: noise excuses nothing
     assert verdict(rows(1.30, 1.31)) == "meets"
-    assert verdict(rows(1.30, 1.29)) == "within noise"  # the paired runs cannot tell auto slower
-    slower = (9.6, 9.8, 9.5, 9.7)  # every repeat 3-5% under cast:3's: measurably slower
+    assert verdict(rows(1.30, 1.29)) == "within noise"  # paired by repeat, 0.25% under cast:3
+    steady = [x * 0.99 for x in (10.0, 10.2, 9.9, 10.1)]  # 1% under in every repeat: what A/A runs read
+    assert verdict(rows(1.30, 1.29, auto_runs=steady)) == "within noise"
+    slower = (9.6, 9.8, 9.5, 9.7)  # every repeat 3-5% under cast:3's
     assert verdict(rows(1.30, 1.29, auto_runs=slower)) == "MISS"
+    scattered = (9.0, 11.0, 8.5, 10.0)  # 4.5% under on the mean, though too scattered to bound under 1
+    assert verdict(rows(1.30, 1.29, auto_runs=scattered)) == "MISS"
     assert verdict(rows(1.30, 1.29, static_runs=(10.0,), auto_runs=(9.9,))) == "MISS"  # one run: no noise to be within
 
 
@@ -139,3 +143,16 @@ def test_the_aa_run_judges_cast3_against_itself_by_the_bar_and_by_the_rule_it_re
         prompts(lambda text: [1], "c4:sometimes", 2)
     with pytest.raises(SystemExit, match="twin"):
         methods("c4:continuous=chain")
+
+
+def test_the_aa_page_judges_its_stored_runs_again(tmp_path):
+    import json
+
+    from perf.never_slower_aa import main
+    runs = {"ar": [10.0, 9.9, 10.1], "cast:3": [12.0, 12.1, 11.9], "cast:auto": [11.9, 12.0, 11.8]}
+    (tmp_path / "aa.json").write_text(json.dumps({"command": "x", "code": "abc1234", "machine": {}, "wall_minutes": 1.0,
+                                                  "cells": [{"cell": "b1:gsm8k", "runs": runs, "bar": "stale"}]}))
+    main(["--out", str(tmp_path / "aa"), "--page-only"])
+    cell = json.loads((tmp_path / "aa.json").read_text())["cells"][0]
+    assert cell["bar"] == "within noise" and cell["bar_on_ar"] == "MISS" and cell["runs"] == runs
+    assert "| b1:gsm8k | 1.20 | 0.992 |" in (tmp_path / "aa.md").read_text()
