@@ -26,11 +26,14 @@ def throughput(csv_path: Path) -> float | None:
 
 def main(out: str) -> None:
     root, runs = Path(out), {}
-    for path in sorted(root.glob("c*-*-r*/**/profile_export_aiperf.csv")):
-        c, method, _ = re.match(r"c(\d+)-(\w+)-r(\d+)", path.relative_to(root).parts[0]).groups()
+    found = []  # (concurrency, method, repeat, value): repeats in number order (r10 after r9), so that
+    for path in root.glob("c*-*-r*/**/profile_export_aiperf.csv"):  # the bar pairs each repeat's runs
+        c, method, r = re.match(r"c(\d+)-(\w+)-r(\d+)", path.relative_to(root).parts[0]).groups()
         value = throughput(path)
         if value is not None:
-            runs.setdefault((int(c), method), []).append(value)
+            found.append((int(c), method, int(r), value))
+    for c, method, _, value in sorted(found):
+        runs.setdefault((c, method), []).append(value)
     rows = []
     for (c, method), values in sorted(runs.items()):
         ar = max(runs.get((c, "ar"), [float("nan")]))

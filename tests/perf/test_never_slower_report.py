@@ -156,3 +156,19 @@ def test_the_aa_page_judges_its_stored_runs_again(tmp_path):
     cell = json.loads((tmp_path / "aa.json").read_text())["cells"][0]
     assert cell["bar"] == "within noise" and cell["bar_on_ar"] == "MISS" and cell["runs"] == runs
     assert "| b1:gsm8k | 1.20 | 0.992 |" in (tmp_path / "aa.md").read_text()
+
+
+def test_the_aiperf_summary_keeps_repeats_in_number_order(tmp_path):
+    """The server part's bar pairs the methods' runs by repeat: r10 comes after r9, not after r1."""
+    import json
+
+    from perf.aiperf_summary import main
+    for method, base in (("ar", 10.0), ("auto", 20.0)):
+        for r in (1, 2, 10):
+            run = tmp_path / f"c8-{method}-r{r}" / "artifacts"
+            run.mkdir(parents=True)
+            (run / "profile_export_aiperf.csv").write_bytes(
+                f"Metric,avg\r\nOutput Token Throughput (tokens/sec),{base + r}\r\n".encode())
+    main(str(tmp_path))
+    rows = {r["method"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
+    assert rows["ar"]["runs"] == [11.0, 12.0, 20.0] and rows["auto"]["runs"] == [21.0, 22.0, 30.0]
