@@ -246,11 +246,11 @@ def page(report: dict) -> str:
     for cl in report["cells"]:
         r = cl["rows"]
         ar, c3, au = r["ar"], r["cast:3"], r["cast:auto"]
-        bound = paired(au["runs_tokens_per_s"], c3["runs_tokens_per_s"])
-        twin = f"{bound[0]:.3f} (<= {bound[1]:.3f})" if bound else "-"
+        pair = paired(au["runs_tokens_per_s"], c3["runs_tokens_per_s"])
+        over_static = f"{pair[0]:.3f} (<= {pair[1]:.3f})" if pair else "-"
         medians = f"{c3['paired_vs_ar']:.2f} / {au['paired_vs_ar']:.2f}" if "paired_vs_ar" in au else "-"
         lines.append(f"| {cl['part']} | {cl['workload']} | {cl['concurrency']} | {ar['tokens_per_s']:.1f} | "
-                     f"{c3['vs_ar']:.2f} | {au['vs_ar']:.2f} | {verdict(r)} | {twin} | "
+                     f"{c3['vs_ar']:.2f} | {au['vs_ar']:.2f} | {verdict(r)} | {over_static} | "
                      f"{len(au['runs_tokens_per_s'])} | {medians} | {c3['cpu_vs_ar']:.2f} / {au['cpu_vs_ar']:.2f} | "
                      f"{au['drafted_share']:.0%} | {au['mean_R']:.2f} | "
                      f"{c3['equal_to_ar']} / {au['equal_to_ar']} of {ar['requests']} |")

@@ -7,7 +7,7 @@ cast:auto's place: cast:3 where a width pays (`b1:humaneval`), AR where none doe
 (`c16:all-at-once=ar`): the same work, interleaved and rotated as the report runs it. Whatever the
 bar reads between the two is measurement, so a bar that calls it `MISS` judges noise. Per cell:
 - `verdict` (the report's bar) on the reference against itself: where cast:3 beats AR, best runs,
-  then the paired upper bound; where it does not, the twin of AR against the 0.98 x AR floor;
+  then the paired mean within `AA_MARGIN`; where it does not, the twin of AR against the 0.98 x AR floor;
 - the rule it replaced (width cells): the best-run ratio within the largest best / next-best gap;
 - its power: AR in cast:auto's place, against cast:3 where cast:3 beats AR (it must read `MISS`).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -61,10 +62,11 @@ def gap_rule(rows: dict) -> str:
 
 def judged(rows: dict) -> dict:
     """The A/A cell's readings under the bar, under the rule it replaced, and the bar's power."""
-    ref = rows["cast:3"] if rows["cast:3"]["vs_ar"] > 1.0 else rows["ar"]  # what the bar holds auto to
-    twin = paired(rows["cast:auto"]["runs_tokens_per_s"], ref["runs_tokens_per_s"])
-    out = {"best_run_ratio": rows["cast:auto"]["vs_ar"] / ref["vs_ar"], "paired": twin, "bar": verdict(rows),
-           "gap_rule": gap_rule(rows) if ref is rows["cast:3"] else "-", "cast3_vs_ar": rows["cast:3"]["vs_ar"]}
+    ref = "cast:3" if rows["cast:3"]["vs_ar"] > 1.0 else "ar"  # what the bar holds auto to
+    twin = paired(rows["cast:auto"]["runs_tokens_per_s"], rows[ref]["runs_tokens_per_s"])
+    out = {"reference": ref, "best_run_ratio": rows["cast:auto"]["vs_ar"] / rows[ref]["vs_ar"], "paired": twin,
+           "bar": verdict(rows), "gap_rule": gap_rule(rows) if ref == "cast:3" else "-",
+           "cast3_vs_ar": rows["cast:3"]["vs_ar"]}
     if rows["cast:3"]["vs_ar"] > 1.0:  # AR where auto stands: a method cast:3 beats must read MISS
         out["bar_on_ar"] = verdict({"cast:3": rows["cast:3"], "cast:auto": rows["ar"]})
     return out
@@ -94,13 +96,14 @@ def main(argv=None) -> None:
     from runtime.engine.build import build_engine
 
     started, built = time.time(), build_engine()
-    report = {"command": "python -m perf.never_slower_aa " + " ".join(argv or __import__("sys").argv[1:]),
+    report = {"command": "python -m perf.never_slower_aa " + " ".join(argv or sys.argv[1:]),
               "code": code_version(), "machine": machine_info(), "cells": []}
     for m in TWINS.values():  # warm-up, as the report's
         serve_method(built.engine, m, synthetic(built.encode, 2, seed=99), 16, 2)
     for name in args.cells.split(","):
         ids, c = prompts(built.encode, name, args.num_prompts)
-        rows, _ = cell(built.engine, ids, args.max_new_tokens, c, 3, None, args.min_seconds, methods=methods(name), labels=LABELS)
+        rows, _ = cell(built.engine, ids, args.max_new_tokens, c, 3, None, args.min_seconds, methods=methods(name),
+                       labels=LABELS)
         entry = {"cell": name, "runs": {k: r["runs_tokens_per_s"] for k, r in rows.items()}} | judged(rows)
         report["cells"].append(entry)
         print(f"{name}: twin / reference best {entry['best_run_ratio']:.3f}, bar {entry['bar']}, "
@@ -124,8 +127,7 @@ def page(report: dict) -> str:
              "AR in auto's place | runs (reference; twin) |", "|---|---|---|---|---|---|---|---|"]
     for e in report["cells"]:
         p = f"{e['paired'][0]:.3f} (<= {e['paired'][1]:.3f})" if e["paired"] else "-"
-        ref = "cast:3" if e["cast3_vs_ar"] > 1.0 else "ar"
-        runs = "; ".join(", ".join(f"{v:.1f}" for v in e["runs"][k]) for k in (ref, "cast:auto"))
+        runs = "; ".join(", ".join(f"{v:.1f}" for v in e["runs"][k]) for k in (e["reference"], "cast:auto"))
         lines.append(f"| {e['cell']} | {e['cast3_vs_ar']:.2f} | {e['best_run_ratio']:.3f} | {p} | {e['bar']} | "
                      f"{e['gap_rule']} | {e.get('bar_on_ar', '-')} | {runs} |")
     return "\n".join(lines) + "\n"
