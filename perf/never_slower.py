@@ -86,7 +86,9 @@ def cell(engine, prompts, max_new: int, c: int, repeats: int, reference=None, mi
         best = max(cell_runs, key=lambda x: x["tokens_per_s"])
         equal = min(sum(s.tokens == want for s, want in zip(x["seqs"], reference)) for x in cell_runs)
         rows[label] = {k: v for k, v in best.items() if k != "seqs"} | {
-            "runs_tokens_per_s": [x["tokens_per_s"] for x in cell_runs], "equal_to_ar": equal, "requests": len(prompts),
+            "runs_tokens_per_s": [x["tokens_per_s"] for x in cell_runs],
+            "runs_drafted_share": [x["drafted_share"] for x in cell_runs], "runs_mean_R": [x["mean_R"] for x in cell_runs],
+            "equal_to_ar": equal, "requests": len(prompts),
             "warmup_wall_s": warm[label]}
     for label in rows:  # the same tokens every method: time ratios are throughput ratios
         rows[label]["vs_ar"] = rows[label]["tokens_per_s"] / rows["ar"]["tokens_per_s"]

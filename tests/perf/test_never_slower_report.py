@@ -90,6 +90,8 @@ def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
     assert set(rows) == {m.label for m in METHODS} and len(reference) == 2
     for row in rows.values():  # short runs: repeated up to max_repeats, after one untimed run each
         assert len(row["runs_tokens_per_s"]) == 3 and row["tokens_per_s"] > 0 and row["cpu_s"] > 0
+        assert len(row["runs_drafted_share"]) == len(row["runs_mean_R"]) == 3  # every run's, beside the best's
+        assert row["drafted_share"] in row["runs_drafted_share"] and min(row["runs_mean_R"]) >= 1.0
         assert row["warmup_wall_s"] > 0
         assert row["equal_to_ar"] == row["requests"] == 2  # fp32: every method's greedy output is AR's
     assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["drafted_share"] == 0.0 and rows["ar"]["paired_vs_ar"] == 1.0
