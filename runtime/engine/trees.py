@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cast_trtllm.spec_config import AUTO, SpecConfig
-from cast_trtllm.tree import Tree, build_chain, build_tree
+from cast_trtllm.tree import Tree, build_chain, build_trees
 from runtime.device import upload
 from runtime.device_trees import TreeBatch, best_first, chain
 
@@ -49,18 +49,16 @@ def choose_trees(
     `device_trees`' (`_auto_sizes`), from each request's best-first candidates on the host."""
     trees: list[Tree | None] = [None] * len(methods)
     masses: list[np.ndarray | None] = [None] * len(methods)
-    auto = []
-    for b, (method, budget) in enumerate(zip(methods, budgets)):
-        if method == "chain":
-            trees[b] = build_chain(ids[b], lp[b])
-        elif budget == AUTO:
-            auto.append(b)
-        else:
-            trees[b] = build_tree(ids[b], lp[b], int(budget))
+    auto = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m == "cast" and n == AUTO]
+    fixed = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m == "cast" and n != AUTO]
+    for b in (b for b, m in enumerate(methods) if m == "chain"):
+        trees[b] = build_chain(ids[b], lp[b])
+    for b, tree in zip(fixed, build_trees(ids[fixed], lp[fixed], [int(budgets[b]) for b in fixed])):
+        trees[b] = tree  # one search for every fixed budget of the round
     if auto:
         rule, widest = _auto_rule(width, prefix_lens, auto, spec, ids.shape[1])
         score, depth = np.full((len(auto), widest), -np.inf), np.zeros((len(auto), widest))
-        wide = [build_tree(ids[b], lp[b], widest) for b in auto]  # best first: each top-n tree is a head
+        wide = build_trees(ids[auto], lp[auto], [widest] * len(auto))  # best first: each top-n tree is a head
         for j, tree in enumerate(wide):
             score[j, :tree.size], depth[j, :tree.size] = tree.score, tree.depth
         sizes = [0] * len(methods)

@@ -15,6 +15,7 @@ from cast_trtllm.tree import (
     allocate_shared_budget,
     build_chain,
     build_tree,
+    build_trees,
     sorted_prefix_masses,
     topk_per_position,
 )
@@ -105,6 +106,23 @@ def test_single_request_shared_allocation_equals_build_tree():
     assert np.array_equal(tree.tokens, alone.tokens) and np.array_equal(tree.parent, alone.parent)
 
 
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 5), L=st.integers(1, 7), K=st.integers(1, 5),
+       sharpness=st.sampled_from([0.3, 2.0, 8.0]), rounded=st.booleans(), data=st.data())
+def test_one_search_for_several_requests_builds_each_requests_own_top_n_tree_node_for_node(
+        seed, B, L, K, sharpness, rounded, data):
+    """`build_trees` (one round's fixed budgets, or auto's widest search, under load) returns what
+    `build_tree` returns for each request alone: the same nodes in the same order, ties included."""
+    pairs = [_topk(seed + r, L, K, vocab=12, sharpness=sharpness) for r in range(B)]
+    ids = np.stack([i for i, _ in pairs])
+    lp = np.stack([np.round(l, 1) if rounded else l for _, l in pairs])  # rounded: many exact ties
+    budgets = data.draw(st.lists(st.integers(0, 40), min_size=B, max_size=B))
+    for r, tree in enumerate(build_trees(ids, lp, budgets)):
+        alone = build_tree(ids[r], lp[r], budgets[r])
+        for field in ("tokens", "depth", "parent", "score"):
+            assert np.array_equal(getattr(tree, field), getattr(alone, field)), (r, field)
+
+
 def test_ties_go_to_shorter_prefixes():
     # q = 1 at every position: every string has mass 1; the top-3 must be a chain's
     # prefixes ordered by depth, never a deep node before its ancestor.
@@ -163,6 +181,8 @@ def test_topk_per_position_stays_on_device_and_sorts():
         (lambda: build_tree(np.zeros((1, 1)), np.zeros((1, 1)), -1), "budget"),
         (lambda: topk_per_position(torch.zeros(2, 3), 4), "rank cap"),
         (lambda: allocate_shared_budget([], 3), "at least one"),
+        (lambda: build_trees(np.zeros((2, 2, 2)), np.zeros((2, 2, 2)), [1]), "B budgets"),
+        (lambda: build_trees(np.zeros((1, 2, 2)), np.zeros((1, 2, 2)), [-1]), "budgets must be >= 0"),
     ],
 )
 def test_bad_input_raises_a_clear_error(call, message):
