@@ -58,7 +58,12 @@ class OnlineCostModel:
     buckets: Sequence[int] = DEFAULT_BUCKETS  # packed widths per request, ascending
     prior: Mapping[int, float] | None = None  # packed count n -> verify ms at B = 1
     prior_draft_ms: float = 0.0  # draft cost until one is read
-    window: int = 9  # readings kept per cell (estimate: their lower quartile)
+    # readings kept per cell (estimate: their lower quartile). A machine runs slow for stretches, not only a
+    # round: a 2-core CPU at c = 4 read the (4, bucket 4) cell 48-50 ms, then 62-76 ms for 10 rounds in a row;
+    # with 9 readings that stretch replaced the whole cell, so drafting was priced on the slow stretch against
+    # an AR cell read in a fast one (0.76x AR where it won 1.08x) and the batch played AR for two runs. With
+    # 32, a cell keeps its fast readings through 24 slow ones.
+    window: int = 32
     min_readings: int = 3  # a cell with fewer is unknown: a neighbour probe plays it
     probe_every: int = 4  # every k-th choose may play a neighbour bucket
     refresh_rounds: int = 512  # a neighbour unread this many rounds is probed again
@@ -251,15 +256,15 @@ class OnlineCostModel:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **knobs: Any) -> OnlineCostModel:
-        """Parse and validate `to_dict` output; `knobs` set the policy fields (rank_cap, ...)."""
+        """Parse and validate `to_dict` output; `knobs` set the policy fields (rank_cap, ..., and `window`:
+        a file's own `window` says what it was written with; each cell keeps its newest `window` readings)."""
         data = fields_of(data, "cost_model", {"schema_version", "buckets", "prior", "prior_draft_ms",
                                               "window", "verify_ms", "draft_ms"})
         if data["schema_version"] != SCHEMA_VERSION:
             raise ValueError(f"cost_model.schema_version: this build reads version {SCHEMA_VERSION}, "
                              f"got {data['schema_version']}")
         prior = None if data["prior"] is None else int_keyed(data["prior"], "cost_model.prior")
-        model = cls(buckets=data["buckets"], prior=prior, prior_draft_ms=data["prior_draft_ms"],
-                    window=data["window"], **knobs)
+        model = cls(buckets=data["buckets"], prior=prior, prior_draft_ms=data["prior_draft_ms"], **knobs)
         for b, row in int_keyed(data["verify_ms"], "cost_model.verify_ms").items():
             path = f'cost_model.verify_ms["{b}"]'
             for bucket, values in int_keyed(row, path).items():

@@ -70,6 +70,27 @@ def test_ten_percent_stalls_do_not_move_the_learned_table(seed):
     assert table_width(model.verify_ms(), model.draft_ms()) == table_width(true_ms(BUCKETS))
 
 
+def test_a_slow_stretch_of_the_machine_does_not_reprice_a_cell_read_before_it():
+    """A machine runs slow for stretches (2-core CPU, c = 4: a cell read 48-50 ms, then 62-76 ms for 10 rounds
+    in a row). A cell keeps its fast readings through 24 slow ones, so a decision between a cell read in the
+    stretch and one read outside it is not made on the stretch; a lasting change still moves it."""
+    model = OnlineCostModel(buckets=(1, 4))
+    for ms in [49.0] * 32 + [72.0] * 24:
+        model.observe_verify(16, ms, batch=4)
+    assert model.verify_ms(4)[1] == 49.0
+    for _ in range(8):  # a lasting change: most of the window reads it
+        model.observe_verify(16, 72.0, batch=4)
+    assert model.verify_ms(4)[1] == 72.0
+
+
+def test_a_cache_written_with_a_shorter_window_is_read_with_this_builds():
+    model = OnlineCostModel(window=9)
+    for ms in range(1, 20):
+        model.observe_verify(1, float(ms))
+    again = OnlineCostModel.from_dict(model.to_dict())
+    assert again.window == OnlineCostModel().window and again.verify[1][1] == [float(ms) for ms in range(11, 20)]
+
+
 def test_unmeasured_neighbours_are_probed_so_a_wrong_prior_cannot_lock_in_a_narrow_tree():
     prior = {int(n): 20.0 + 30.0 * n for n in BUCKETS}  # wildly steep: width looks ruinous
     model = OnlineCostModel(prior=prior, probe_every=4)
