@@ -37,7 +37,12 @@ A probe that confirmed AR speaks for the texts it was taken on: once none of the
 is left (`expire`), the backoff drops to `ProbeBackoff.settled` tries, as a new request's gate inherits
 the engine's (a far-off price still waits the longest; a close call waits every << settled rounds).
 (c = 4 continuous, 2-core CPU, runs back to back: a backoff of 32 rounds learned on GSM8K answers held
-the next batch of synthetic prompts, where cast:3 won 1.04x AR, on AR for its whole run.)
+the next batch of synthetic prompts, where cast:3 won 1.04x AR, on AR for its whole run.) The new texts'
+price is still the old texts' evidence, so a turnover is first looked at afresh: the backoff starts at no
+tries and the screen comes after `every` rounds, whatever the price; a look that confirms AR puts the backoff
+back at `settled`, and looks come on ever fewer turnovers (every 2nd, 4th, up to every FRESH_EVERY-th) while
+they find AR. (Same runs: the synthetic batch after GSM8K answers, priced below `margin` on the answers'
+acceptance, played AR for its first 5-20 of ~20 rounds, auto 0.96-0.98x of cast:3 over 12 runs.)
 Pure numpy; the engine calls `settle` and `tick` (then `ready`, the pricing, only once the wait is
 over) before a round, `tried`, `confirmed` and `expire` after it.
 """
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
 
 PROBE_PACKED = 4  # tokens per request a probe round is priced at (a small tree)
 SCREEN = 0.125  # the share of the gated requests a probe first tries (at least one)
+FRESH_EVERY = 8  # at most this many turnovers of the batch's texts between fresh looks (`LoadProbe.expire`)
 
 
 @dataclass(slots=True)
@@ -79,10 +85,14 @@ class LoadProbe:
     _tried: int = field(default=0, init=False)  # rounds of the running try of all
     _since: int = field(default=0, init=False)  # rounds since the last probe
     _backoff: ProbeBackoff = field(init=False)
-    _wait: int | None = field(default=None, init=False)  # this wait's length, priced once when it is reached
+    _wait: int | None = field(default=None, init=False)  # this wait's length (rounds since the last probe), as priced
+    _next: int = field(default=0, init=False)  # the round (since the last probe) `ready` prices the wait again
     _full: bool = field(default=False, init=False)  # a screen looked promising: the next probe tries every request
     screening: bool = field(default=False, init=False)  # the probe `trying` sized is a screen
     _texts: tuple = field(default=(), init=False)  # the requests live at the last probe that confirmed AR
+    _looking: bool = field(default=False, init=False)  # the next verdict is a fresh look's, at new texts
+    _misses: int = field(default=0, init=False)  # fresh looks in a row that confirmed AR
+    _turnovers: int = field(default=0, init=False)  # turnovers of the texts since the last fresh look
 
     def __post_init__(self) -> None:
         if not 0 < self.screen <= 1:
@@ -126,20 +136,23 @@ class LoadProbe:
 
     def tick(self, held: bool = False) -> bool:
         """Count an AR round under load towards the wait; -> whether a probe may be due this round (`ready`
-        decides): the interval, and the wait once priced, are over. The engine reads the gates' masses only
-        then, so between probes a batch playing AR pays no pricing (issue 40). held: a veto of the realized
+        decides): the interval is over, and the wait as last priced or the interval since that pricing. The
+        engine reads the gates' masses only then, so between probes a batch playing AR prices once an interval
+        at most (issue 40). held: a veto of the realized
         guard is holding (`RealizedGuard.holding`); a try now could not lift it and would only back this probe
         off, so none is due (the round still counts towards the wait). (c = 4 continuous, 2-core CPU: a screen
         7 rounds into a 16-round hold, then a try of all 4, doubled the wait, and the batch played AR to its
         end, where cast:3 won 1.18x AR.)"""
         self._since += 1
-        return not held and (self._full or self._since >= max(self.interval, self._wait or 0))
+        return not held and (self._full or self._since >= max(self.interval, self._next))
 
     def ready(self, masses: Sequence[np.ndarray], batch: int, once_ms: float = 0.0,
               horizon: float | None = None, trying: int | None = None) -> bool:
         """After a `tick` that allows it: whether the probe is due now (at the backoff's interval, at its
-        longest while drafting is priced below `margin` of AR at `batch`, priced once per wait; at once after
-        a promising screen), and only where it can pay back (`probe_backoff.try_pays`) in the rounds after its
+        longest while drafting is priced below `margin` of AR at `batch`, priced again every interval of a
+        longer wait: a price read on a slow stretch of the machine must not hold the batch on AR for the whole
+        longest wait (c = 4 continuous, 2-core CPU: a price of 0.76x AR, where cast:3 won 1.08x, held 128
+        rounds, two runs, though the table read 0.96x from the next run on); at once after a promising screen), and only where it can pay back (`probe_backoff.try_pays`) in the rounds after its
         `lead`: once_ms, the drafter's context pass over the trying requests' rows since their last draft;
         horizon, the rounds the batch has left (None: unbounded). masses: every gated request's typical masses."""
         if not masses:
@@ -147,14 +160,15 @@ class LoadProbe:
         ar_ms, probe_ms = self.costs.round_ms(1, batch, drafted=False), self._probe_ms(batch, trying)
         if self._full:
             self._wait = 0
-        elif self._wait is None:
+        elif self._wait is None or self._since >= self._next:  # priced again each interval: the table moves
             priced = self.costs.best_rate(_pooled(masses), batch) / self.costs.ar_rate(batch)
             self._wait = self._backoff.interval(priced, try_cost_rounds(ar_ms, probe_ms, once_ms))
         if self._since < self._wait:
+            self._next = min(self._wait, self._since + self.interval)
             return False
         if horizon is not None and not try_pays(horizon - self.lead, ar_ms, probe_ms, once_ms):
             return False  # the batch is about to finish or its context pass is dear: checked again next round
-        self._since, self._wait = 0, None
+        self._since, self._wait, self._next = 0, None, 0
         return True
 
     def settle(self, wants: Sequence[np.ndarray], others: Sequence[np.ndarray], batch: int) -> tuple[bool, bool]:
@@ -221,13 +235,20 @@ class LoadProbe:
         self._full, self._tried = False, 0
         self._backoff.record(still_ar)
         self._texts = tuple(live) if still_ar else ()
+        if self._looking:  # a fresh look at new texts: AR puts the backoff back where it stood (`expire`)
+            self._looking, self._misses = False, self._misses + 1 if still_ar else 0
+            if still_ar:
+                self._backoff.confirmed = max(self._backoff.confirmed, self._backoff.settled)
 
     def expire(self, live: Sequence) -> None:
         """Once none of the requests live at the last probe that confirmed AR is `live` (new texts), the
-        backoff drops to `settled` tries and the wait is priced afresh."""
+        backoff drops to `settled` tries and the wait is priced afresh; on a turnover that is due a fresh
+        look (every one at first, ever fewer while looks find AR), to no tries: a screen after `every` rounds."""
         if self._texts and all_left(self._texts, live):
-            self._texts, self._wait = (), None
-            self._backoff.confirmed = min(self._backoff.confirmed, self._backoff.settled)
+            self._texts, self._wait, self._next = (), None, 0
+            self._looking = self._turnovers >= min(1 << self._misses, FRESH_EVERY) - 1
+            self._turnovers = 0 if self._looking else self._turnovers + 1
+            self._backoff.confirmed = 0 if self._looking else min(self._backoff.confirmed, self._backoff.settled)
 
 
 def _pooled(masses: Sequence[np.ndarray]) -> np.ndarray:

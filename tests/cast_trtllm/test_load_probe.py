@@ -56,9 +56,10 @@ def test_no_probe_is_due_while_a_veto_of_the_realized_guard_holds_but_its_rounds
     assert probe.due(TINY, 8)  # the held rounds counted: due on the first round after the hold
 
 
-def test_between_probes_a_tick_says_no_probe_is_due_so_the_engine_prices_nothing():
-    """Issue 40: a batch playing AR pays for no pricing between probes. `tick` is False but on the round a
-    wait is priced (once, when the interval is over) and the round it ends; `due` is `tick`, then `ready`."""
+def test_between_probes_a_tick_says_no_probe_is_due_so_the_engine_prices_once_an_interval_at_most():
+    """Issue 40: a batch playing AR pays for no pricing between probes but once an interval. `tick` is False
+    but on the rounds the wait is priced (when the interval is over, then every interval of a longer wait)
+    and the round it ends; `due` is `tick`, then `ready`."""
     ticking, due = (LoadProbe(_table(24.0, draft_ms=5.0), every=2, max_backoff=4) for _ in range(2))
     for probe in (ticking, due):  # two confirming tries: far off, the wait is the longest (32 rounds)
         _probed(probe, 10, TINY)
@@ -71,7 +72,24 @@ def test_between_probes_a_tick_says_no_probe_is_due_so_the_engine_prices_nothing
                 ticking.confirmed(still_ar=True)
     assert fired == _probed(due, 100, TINY)  # the same rounds as `due`
     assert list(np.diff(fired)) == [32, 32]
-    assert set(fired) <= set(ready) and len(ready) <= 2 * len(fired)  # a wait's pricing round, its probe
+    assert set(fired) <= set(ready)
+    # the longest wait (32) is priced again every interval (8 rounds after two confirming tries, then 16, 32)
+    assert ready == [7, 15, 23, 31, 47, 63, 95]
+
+
+def test_a_long_wait_priced_on_a_slow_table_is_priced_again_when_the_table_recovers():
+    """A price read while the machine ran slow (c = 4 continuous, 2-core CPU: drafting priced 0.76x AR where
+    cast:3 won 1.08x) must not hold the batch on AR for the whole longest wait: every interval the wait is
+    priced again, and once the table prices drafting a close call the probe is due at the backoff's interval."""
+    costs = _table(24.0, draft_ms=5.0)  # drafting 0.24 more tokens in 29 ms against 20: 0.8x AR, far off
+    probe = LoadProbe(costs, every=2, max_backoff=4)
+    assert _probed(probe, 10, TINY) == [4, 9]  # two tries confirmed AR (each 0.45 AR round dearer: waits >= 5)
+    assert _probed(probe, 12, TINY) == []  # priced 8 rounds in: still far off, the wait is the longest (32)
+    for _ in range(costs.window):  # the machine is fast again: the drafted cells read 20.1 ms, the draft 0.1
+        costs.observe_draft(0.1, batch=8)
+        for bucket in (2, 4, 8):
+            costs.observe_verify(8 * bucket, 20.1, batch=8)
+    assert _probed(probe, 14, TINY) == [3]  # priced again 16 rounds in: a close call, due now, not at 32
 
 
 def test_a_probe_that_turns_the_batch_to_drafting_resets_the_interval():
@@ -203,20 +221,29 @@ def test_a_probe_counts_only_the_rounds_after_its_own_towards_its_gain():
         assert probe.screening and probe.lead == 2 and bool(fired) is due
 
 
-def test_a_backoff_learned_on_texts_that_have_all_left_drops_to_settled_tries():
+def test_a_backoff_learned_on_texts_that_have_all_left_gives_the_new_texts_a_fresh_look_then_settled_tries():
     """c = 4 continuous, runs back to back: a 32-round wait learned on GSM8K answers held the next batch of
     synthetic prompts (cast:3 1.04x AR) on AR for its whole run. A probe's verdict holds while one of the
-    requests it was taken on is live; then the backoff drops to `settled` tries (the wait every << 2)."""
+    requests it was taken on is live. Then the new texts are looked at afresh (a screen after `every` rounds,
+    whatever the old texts' price); a look that confirms AR puts the backoff at `settled` tries (the wait
+    every << 2), and looks come every 2nd turnover, 4th, ... while they find AR."""
     probe = LoadProbe(_table(60.0), every=4, max_backoff=5)
-    old, new = [object(), object()], [object(), object()]
+    old, new, newer, newest = ([object(), object()] for _ in range(4))
     for _ in range(4):
         probe.confirmed(still_ar=True, live=old)
     assert probe.interval == 64
     probe.expire(old[1:] + new)
     assert probe.interval == 64  # one of them is still live
     probe.expire(new)
+    assert probe.interval == 4  # all new: a fresh look
+    probe.confirmed(still_ar=True, live=new)  # it found AR
     assert probe.interval == 16
-    probe.confirmed(still_ar=False, live=new)  # drafting turned on: nothing to expire, the waits start afresh
+    probe.expire(newer)
+    assert probe.interval == 16  # the next turnover: no look (every 2nd now), settled tries
+    probe.confirmed(still_ar=True, live=newer)
+    probe.expire(newest)
+    assert probe.interval == 4  # the 2nd turnover since the last look
+    probe.confirmed(still_ar=False, live=newest)  # drafting turned on: nothing to expire, the waits start afresh
     probe.expire([])
     assert probe.interval == 4
 
