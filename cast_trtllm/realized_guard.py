@@ -32,6 +32,10 @@ rounds in it) in 3 of 10 runs, each then drafting 61-81% of rounds; a window's p
 (the tokens of a round swing 1-3x) put its sum's error near 30 ms. The error is read from the median
 absolute deviation so that a stalled round (1.9-3.4x its neighbours) does not widen it: with the sd
 instead, 16 requests at once on text where no width pays drafted 17% of rounds and lost 5% to AR.
+Why two of them: the window slides, so it is judged every drafted round, and a loss past one standard
+error turns up by chance in almost every run (c = 4 continuous, 2-core CPU, where cast:3 won 1.06x AR:
+vetoes in 7 of 8 runs, six of them at 1.0-1.2 errors, losses of 5-8% against an AR price read in other
+rounds). A loss the gates priced badly wrong is the `clear` rule's, from `early` rounds on.
 
 Alone (batch 1) a request's own gate prices its arms, so the guard reads batches > 1 only.
 Pure Python; the engine calls `observe` and `expire` after each round, `lift` after a probe of all.
@@ -54,7 +58,7 @@ class RealizedGuard:
     window: int = 16
     early: int = 6  # from this many drafted rounds, a clear loss vetoes before the window is full
     clear: float = 1.4  # a clear loss: the rounds took this many times AR's ms for their tokens
-    doubt: float = 1.0  # a full window vetoes where its loss exceeds this many (robust) standard errors
+    doubt: float = 2.0  # a full window vetoes where its loss exceeds this many (robust) standard errors
     alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
     fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
     hold: int = 16  # rounds under load a first veto holds before a probe may lift it (doubling in a row)
