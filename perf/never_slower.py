@@ -51,7 +51,7 @@ def synthetic(encode, n: int, seed: int = 0, words: int = 60) -> list[list[int]]
 
 
 def cell(engine, prompts, max_new: int, c: int, repeats: int, reference=None, min_seconds: float = 0.0,
-         max_repeats: int = 8, methods=METHODS, labels=None) -> tuple[dict, list]:
+         max_repeats: int = 20, methods=METHODS, labels=None) -> tuple[dict, list]:
     """Every method on `prompts` at concurrency c, interleaved; -> (rows by label, AR tokens).
     labels: the rows' keys, one per method (default its label; `perf.never_slower_aa` runs one
     method under two labels).
@@ -145,7 +145,9 @@ def main(argv=None) -> None:
     ap.add_argument("--min-seconds", type=float, default=30.0,
                     help="each method is timed for about this long per cell (more repeats where its runs are "
                          "short, up to --max-repeats)")
-    ap.add_argument("--max-repeats", type=int, default=8)
+    # 20: a c = 4 cell's runs (1.5-4 s) move 5-9% with the machine's slow stretches; at 8 repeats its paired
+    # mean of identical work spread about +-2%, past the 1.5% margin (AA_MARGIN)
+    ap.add_argument("--max-repeats", type=int, default=20)
     ap.add_argument("--parts", default="b1,inprocess", help="b1, inprocess")
     ap.add_argument("--page-only", action="store_true", help="re-render OUT.md from OUT.json, run nothing")
     ap.add_argument("--aiperf", metavar="DIR", help="add the through-the-server part: a `perf/aiperf_run.sh DIR` "
