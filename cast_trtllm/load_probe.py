@@ -138,9 +138,9 @@ class LoadProbe:
         """Count an AR round under load towards the wait; -> whether a probe may be due this round (`ready`
         decides): the interval is over, and the wait as last priced or the interval since that pricing. The
         engine reads the gates' masses only then, so between probes a batch playing AR prices once an interval
-        at most (issue 40). held: a veto of the realized
-        guard is holding (`RealizedGuard.holding`); a try now could not lift it and would only back this probe
-        off, so none is due (the round still counts towards the wait). (c = 4 continuous, 2-core CPU: a screen
+        at most (issue 40). held: a veto of the realized guard is holding (`RealizedGuard.holding`); a try now
+        could not lift it and would only back this probe off, so none is due (the round still counts towards
+        the wait). (c = 4 continuous, 2-core CPU: a screen
         7 rounds into a 16-round hold, then a try of all 4, doubled the wait, and the batch played AR to its
         end, where cast:3 won 1.18x AR.)"""
         self._since += 1
@@ -152,9 +152,10 @@ class LoadProbe:
         longest while drafting is priced below `margin` of AR at `batch`, priced again every interval of a
         longer wait: a price read on a slow stretch of the machine must not hold the batch on AR for the whole
         longest wait (c = 4 continuous, 2-core CPU: a price of 0.76x AR, where cast:3 won 1.08x, held 128
-        rounds, two runs, though the table read 0.96x from the next run on); at once after a promising screen), and only where it can pay back (`probe_backoff.try_pays`) in the rounds after its
-        `lead`: once_ms, the drafter's context pass over the trying requests' rows since their last draft;
-        horizon, the rounds the batch has left (None: unbounded). masses: every gated request's typical masses."""
+        rounds, two runs, though the table read 0.96x from the next run on); at once after a promising screen),
+        and only where it can pay back (`probe_backoff.try_pays`) in the rounds after its `lead`: once_ms, the
+        drafter's context pass over the trying requests' rows since their last draft; horizon, the rounds the
+        batch has left (None: unbounded). masses: every gated request's typical masses."""
         if not masses:
             return False
         ar_ms, probe_ms = self.costs.round_ms(1, batch, drafted=False), self._probe_ms(batch, trying)

