@@ -9,6 +9,8 @@ This model learns the table instead:
   per-request packed width ceil(n / B) falls in the smallest bucket >= it. A cell's estimate is the lower
   quartile of its last `window` readings: latency noise is one-sided (a stall adds time), so stalls, even
   several in one window, do not move it, and every cell is read the same way, which keeps them comparable.
+  Readings are stored at the table's speed and answered in today's (`cast_trtllm.machine_speed`): a stretch
+  where the whole machine runs slow moves the speed, not the cells read in it.
 - draft_ms(B): what drafting adds to a round (the drafter call and the tree/mask host work), read the same way
   (`observe_draft`). Beyond the widest batch read (or from the prior, a B = 1 figure) it grows as the filled
   verify curve does from that batch's `draft_rows` x B rows to B's: a drafter pass is B blocks of rows on the
@@ -35,7 +37,6 @@ so the gate never skips a tree the width rule prices as a win. Pure numpy.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -43,11 +44,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cast_trtllm.cost_curve import fill_curve
-from cast_trtllm.json_fields import ascending_ints, fields_of, int_keyed, milliseconds, milliseconds_list
+from cast_trtllm import cost_model_file
+from cast_trtllm.json_fields import ascending_ints, milliseconds, milliseconds_list
+from cast_trtllm.machine_speed import MachineSpeed
 from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_policy, checked_table_width, drafting_of,
                                width_choice)
 
-SCHEMA_VERSION = 2  # 2: a verify reading carries the walk, commit and KV compaction after the pass
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_MS = 1e-3  # a filled cell is never cheaper than this
 RATES_KEPT = 256  # best_rate answers kept between table moves
@@ -75,6 +77,7 @@ class OnlineCostModel:
     verify: dict[int, dict[int, list[float]]] = field(default_factory=dict, init=False)  # [batch][bucket]
     draft: dict[int, list[float]] = field(default_factory=dict, init=False)  # [batch] -> ms readings
     rounds: int = field(default=0, init=False)  # verify readings so far (the `refresh_rounds` clock)
+    speed: MachineSpeed = field(default_factory=MachineSpeed, init=False)  # today's ms over the stored readings'
     last_read: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False)
     chooses: int = field(default=0, init=False, repr=False)
     tables: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # verify_ms cache
@@ -109,7 +112,8 @@ class OnlineCostModel:
         slot = self._slot(-(-packed_count // batch))
         if slot < len(self.buckets):
             bucket = self.buckets[slot]
-            if self._push(self.verify.setdefault(batch, {}).setdefault(bucket, []), ms):
+            cell = self.verify.setdefault(batch, {}).setdefault(bucket, [])
+            if self._push(cell, self.speed.reading(ms, cell if len(cell) >= self.min_readings else None)):
                 # every table may read this cell (a batch without cells reads all), and the draft cost
                 self._moved(tables=True)  # beyond its measured batches scales as verify does
             self.last_read[(batch, bucket)] = self.rounds
@@ -117,7 +121,8 @@ class OnlineCostModel:
     def observe_draft(self, ms: float, batch: int = 1) -> None:
         """What drafting added to one round of `batch` requests (drafter call + tree host work)."""
         check_batch(batch)
-        if self._push(self.draft.setdefault(batch, []), milliseconds(ms, "observe_draft ms", positive=False)):
+        ms = self.speed.reading(milliseconds(ms, "observe_draft ms", positive=False), None)
+        if self._push(self.draft.setdefault(batch, []), ms):
             self._moved(tables=False)
 
     def _moved(self, tables: bool) -> None:
@@ -134,7 +139,11 @@ class OnlineCostModel:
 
     # -- the learned table -------------------------------------------------------------------
     def verify_ms(self, batch: int = 1) -> np.ndarray:
-        """[buckets] ell(bucket, batch): measured cells, the rest filled (module docstring)."""
+        """[buckets] ell(bucket, batch) in today's ms: measured cells, the rest filled (module docstring)."""
+        return self._stored(batch) * self.speed.factor
+
+    def _stored(self, batch: int) -> np.ndarray:
+        """verify_ms at the stored readings' speed."""
         if batch not in self.tables:
             self.tables[batch] = self._table(batch)
         return self.tables[batch]
@@ -163,6 +172,9 @@ class OnlineCostModel:
     def draft_ms(self, batch: int = 1) -> float:
         """Draft cost at `batch`: linear between measured batch sizes; below the first, flat;
         beyond the widest (or from the prior), scaled as the verify curve (module docstring)."""
+        return self._stored_draft(batch) * self.speed.factor
+
+    def _stored_draft(self, batch: int) -> float:
         check_batch(batch)
         if batch not in self.drafts:
             self.drafts[batch] = self._draft(batch)
@@ -198,8 +210,8 @@ class OnlineCostModel:
         if key not in self.rates and len(self.rates) >= RATES_KEPT:  # a table that stays put must not
             self.rates.clear()  # keep every drafted round's masses of a long-running server
         if key not in self.rates:
-            self.rates[key] = self.choose(masses_desc, batch, explore=False, drafting=drafting).predicted_tokens_per_ms
-        return self.rates[key]
+            self.rates[key] = self._choose(masses_desc, batch, False, drafting).predicted_tokens_per_ms
+        return self.rates[key] / self.speed.factor
 
     def ar_rate(self, batch: int = 1) -> float:
         """Tokens/ms of an undrafted (AR) round."""
@@ -215,8 +227,13 @@ class OnlineCostModel:
         (with `explore`) may play a neighbour bucket instead. drafting: the requests of the B
         that draft (None: all B): the budget spreads over their packs and the draft pass is
         theirs; the verify is the B-request row (it pads every request to the widest pack)."""
+        choice = self._choose(masses_desc, batch, explore, drafting)
+        return choice._replace(predicted_tokens_per_ms=choice.predicted_tokens_per_ms / self.speed.factor)
+
+    def _choose(self, masses_desc: np.ndarray, batch: int, explore: bool, drafting: int | None) -> WidthChoice:
+        """`choose` at the stored readings' speed (the argmax does not depend on it)."""
         rho, spread = check_masses(masses_desc) ** self.mass_exponent, drafting_of(drafting, batch)
-        ms, fixed, hi = self.verify_ms(batch), self.draft_ms(spread), spread * self.max_budget
+        ms, fixed, hi = self._stored(batch), self._stored_draft(spread), spread * self.max_budget
         budget, bucket = checked_table_width(rho, self.buckets, ms, fixed, hi, batch, spread)
         if explore:
             self.chooses += 1
@@ -243,50 +260,21 @@ class OnlineCostModel:
     def _slot(self, width: int) -> int:
         return int(np.searchsorted(self.buckets, width))
 
-    # -- persistence -------------------------------------------------------------------------
+    # -- persistence (`cast_trtllm.cost_model_file`) -------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """What was learned about this machine (readings, buckets, prior); not the policy knobs."""
-        return {
-            "schema_version": SCHEMA_VERSION, "buckets": list(self.buckets),
-            "prior": None if self.prior is None else {str(n): ms for n, ms in self.prior.items()},
-            "prior_draft_ms": self.prior_draft_ms, "window": self.window,
-            "verify_ms": {str(b): {str(k): list(v) for k, v in row.items()} for b, row in self.verify.items()},
-            "draft_ms": {str(b): list(v) for b, v in self.draft.items()},
-        }
+        return cost_model_file.to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **knobs: Any) -> OnlineCostModel:
-        """Parse and validate `to_dict` output; `knobs` set the policy fields (rank_cap, ..., and `window`:
-        a file's own `window` says what it was written with; each cell keeps its newest `window` readings)."""
-        data = fields_of(data, "cost_model", {"schema_version", "buckets", "prior", "prior_draft_ms",
-                                              "window", "verify_ms", "draft_ms"})
-        if data["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(f"cost_model.schema_version: this build reads version {SCHEMA_VERSION}, "
-                             f"got {data['schema_version']}")
-        prior = None if data["prior"] is None else int_keyed(data["prior"], "cost_model.prior")
-        model = cls(buckets=data["buckets"], prior=prior, prior_draft_ms=data["prior_draft_ms"], **knobs)
-        for b, row in int_keyed(data["verify_ms"], "cost_model.verify_ms").items():
-            path = f'cost_model.verify_ms["{b}"]'
-            for bucket, values in int_keyed(row, path).items():
-                if bucket not in model.buckets:
-                    raise ValueError(f'{path}["{bucket}"]: not one of the buckets {list(model.buckets)}')
-                readings = milliseconds_list(values, f'{path}["{bucket}"]')
-                model.verify.setdefault(b, {})[bucket] = list(readings[-model.window:])
-        for b, values in int_keyed(data["draft_ms"], "cost_model.draft_ms").items():
-            model.draft[b] = [milliseconds(v, f'cost_model.draft_ms["{b}"][{i}]', positive=False)
-                              for i, v in enumerate(values)][-model.window:]
-        return model
+        return cost_model_file.from_dict(cls, data, **knobs)
 
     def save(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        cost_model_file.save(self, path)
 
     @classmethod
     def load(cls, path: str | Path, **knobs: Any) -> OnlineCostModel:
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()), **knobs)
-        except (ValueError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: {err}") from err
+        return cost_model_file.load(cls, path, **knobs)
 
 
 def typical(readings: Sequence[float]) -> float:
