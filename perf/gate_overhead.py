@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import torch
 
-import runtime.engine.engine as engine_module
+from perf.round_compare import Timed
 from perf.throughput import serve
 from runtime.engine import Request
 from runtime.engine.build import build_engine
@@ -39,23 +39,8 @@ def main() -> None:
     engine = built.engine
     ids = engine.drafter.draft_ids
     engine.drafter.draft_ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(0))]
-    host = defaultdict(float)
-    for name in ("account",):
-        real = getattr(engine_module, name)
-
-        def timed(*a, _real=real, **k):
-            t = time.perf_counter()
-            _real(*a, **k)
-            host["ms"] += (time.perf_counter() - t) * 1e3
-        setattr(engine_module, name, timed)
-    real_drafts = engine_module.LLMEngine._drafts
-
-    def drafts(self, batch):
-        t = time.perf_counter()
-        out = real_drafts(self, batch)
-        host["ms"] += (time.perf_counter() - t) * 1e3
-        return out
-    engine_module.LLMEngine._drafts = drafts
+    host = Timed()  # `_drafts` + `account`: the engine's gate and bookkeeping
+    host.install()
     rng = random.Random(0)
     options = {"ar": {"method": "ar"}, "cast:auto": {"method": "cast", "budget": "auto", "draft_gate": True}}
     results = []
@@ -67,11 +52,11 @@ def main() -> None:
         for r in range(args.repeats):
             for label in (list(options) if r % 2 == 0 else list(options)[::-1]):
                 reqs = [Request(tuple(p), args.max_new_tokens, ignore_eos=True, **options[label]) for p in prompts]
-                host["ms"], cpu = 0.0, time.process_time()
+                host.host_ms, cpu = 0.0, time.process_time()
                 wall, _, seqs, rounds, _ = serve(engine, reqs, c)
                 drafted = [d for s in seqs for d in s.drafted]
                 runs[label].append({"wall_s": wall, "cpu_s": time.process_time() - cpu, "rounds": rounds,
-                                    "drafted_share": sum(drafted) / len(drafted), "host_ms_per_round": host["ms"] / rounds,
+                                    "drafted_share": sum(drafted) / len(drafted), "host_ms_per_round": host.host_ms / rounds,
                                     "tokens": [s.tokens for s in seqs]})
         row = {"concurrency": c, "requests": len(prompts)}
         for label, rs in runs.items():

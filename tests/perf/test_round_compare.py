@@ -32,3 +32,20 @@ def test_methods_are_named_as_the_server_takes_them():
     assert method("cast:auto").draft_gate and method("cast:3").budget == 3 and method("ar").method == "ar"
     with pytest.raises(SystemExit, match="use ar, chain, cast:N or cast:auto"):
         method("cast:wide")
+
+
+def test_the_host_tally_counts_every_gate_choice_and_bookkeeping_call():
+    """`Timed.host_ms` (what perf/gate_overhead.py reports per round) holds at least every timed round's parts."""
+    from perf.round_compare import Timed, method
+    from perf.throughput import serve_method
+
+    from .conftest import tiny_session
+
+    engine = tiny_session().built.engine
+    timed = Timed()
+    timed.install()
+    try:
+        serve_method(engine, method("cast:3"), [[1, 2, 3, 4], [5, 6, 7]], 6, 2)
+    finally:
+        timed.remove()
+    assert timed.rows and timed.host_ms >= sum(r[4] + r[6] for r in timed.rows) > 0
