@@ -130,7 +130,7 @@ def request_record(seq: Any, end: float) -> RequestRecord:
     """One finished request's timeline and rounds, as trtllm-bench's report reads them."""
     return RequestRecord(len(seq.request.prompt_ids), len(seq.tokens), seq.arrival,
                          seq.arrival + seq.timings.ttft_ms / 1e3, end, list(seq.accept_lengths), list(seq.budgets),
-                         list(seq.drafted))
+                         list(seq.drafted), seq.stop.max_new_tokens)
 
 
 def start_server(flags: Sequence[str], max_batch: int, max_queue: int, max_tokens: int) -> tuple[subprocess.Popen, Any]:

@@ -12,9 +12,10 @@ Decoding stats of a TREE, defined to compare with a chain's (stated in the repor
   num_draft_tokens            tree nodes verified (what the target pass paid for; a chain's L)
   num_accepted_draft_tokens   draft tokens committed (each drafted round's R - 1)
   acceptance_length           committed tokens per drafted round (R, DFlash's tau)
-  draft_acceptance_rate       accepted / (drafted rounds x L): per drafted POSITION, the share of
-                              the L tokens a round could accept that it did; for a chain this is
-                              trtllm-bench's accepted / draft tokens exactly
+  draft_acceptance_rate       accepted / drafted positions: per drafted POSITION, the share of
+                              the tokens a round could accept that it did (L, or fewer in a
+                              request's last rounds: no tree reaches past max_tokens); for a chain
+                              this is trtllm-bench's accepted / draft tokens exactly
   node_acceptance_rate        accepted / tree nodes (trtllm-bench's formula applied to nodes:
                               falls as the tree widens, so it does not compare with a chain's)
 """
@@ -26,7 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-DEFINITION = ("draft_acceptance_rate = accepted draft tokens / (drafted rounds x L drafted positions): for a chain "
+DEFINITION = ("draft_acceptance_rate = accepted draft tokens / drafted positions (L a drafted round, fewer where a "
+              "request's max_tokens leaves less room: no tree reaches past it): for a chain "
               "this is trtllm-bench's accepted / draft tokens; for a CAST tree it counts positions, not nodes, so "
               "it compares with a chain's. num_draft_tokens counts tree nodes (node_acceptance_rate = accepted / "
               "nodes). acceptance_length = committed tokens per drafted round.")
@@ -42,6 +44,7 @@ class RequestRecord:
     accept_lengths: Sequence[int] = ()  # committed R per round
     budgets: Sequence[int] = ()  # tree nodes N per round
     drafted: Sequence[bool] = field(default_factory=tuple)
+    max_new_tokens: int | None = None  # its cap: a round drafts min(L, tokens left - 1) positions (None: L)
 
 
 def percentiles(values: Sequence[float], scale: float = 1.0) -> dict[str, float] | None:
@@ -63,7 +66,7 @@ def decoding_stats(records: Sequence[RequestRecord], mode: str, positions: int) 
         nodes, acc = sum(n for n, _ in rounds), sum(a - 1 for _, a in rounds)
         drafts.append(nodes)
         accepted.append(acc)
-        rates.append(acc / (len(rounds) * positions))
+        rates.append(acc / drafted_positions(r, positions))
         node_rates.append(acc / nodes if nodes else 0.0)
         lengths.append((acc + len(rounds)) / len(rounds))
     return {"mode": mode, "num_draft_tokens_percentiles": percentiles(drafts),
@@ -72,6 +75,16 @@ def decoding_stats(records: Sequence[RequestRecord], mode: str, positions: int) 
             "acceptance_length_percentiles": percentiles(lengths),
             "node_acceptance_rate_percentiles": percentiles(node_rates),
             "draft_positions_L": positions, "definition": DEFINITION}
+
+
+def drafted_positions(r: RequestRecord, positions: int) -> int:
+    """The positions its drafted rounds could accept: L each, fewer once max_tokens leaves less room (the
+    prefill emits the first token; a round commits its accept length)."""
+    if r.max_new_tokens is None:
+        return positions * sum(map(bool, r.drafted))
+    emitted = 1 + np.concatenate([[0], np.cumsum(r.accept_lengths)[:-1]])  # tokens out before each round
+    room = r.max_new_tokens - emitted
+    return int(sum(min(positions, int(left) - 1) for left, d in zip(room, r.drafted) if d))
 
 
 def bench_report(records: Sequence[RequestRecord], engine: dict[str, Any], concurrency: int, method: str,

@@ -143,7 +143,7 @@ def brief(engine, seq: Sequence):
     """Hand a request's draft gate what its expected-value checks read: the tokens it may still
     commit and the drafter's context pass per row (measured; until then, a block pass per row)."""
     gate = seq.gate
-    gate.horizon = seq.stop.max_new_tokens - len(seq.tokens)
+    gate.horizon = seq.room
     row_ms = engine.context_row_ms
     if not row_ms and engine.cost is not None and engine.drafter is not None:
         row_ms = engine.cost.draft_ms(1) / (1 + engine.drafter.num_draft_positions)

@@ -157,7 +157,7 @@ class LLMEngine:
         self.probing, self.probers = False, []
         if limit is not None and len(batch) > limit:
             return []
-        gated = [s for s in batch if s.gate is not None]
+        gated = [s for s in batch if s.gate is not None and s.room > 1]  # one token left: nothing to draft for
         for s in gated:
             if s.gate.rounds == (0, 0):  # a request's first round: its gate prices it at this load
                 s.gate.batch = load
@@ -181,7 +181,7 @@ class LLMEngine:
                                                  rounds_left([s.gate for s in trying]), len(trying))
             self.probers = trying if self.probing else []
         tried = {id(s) for s in self.probers}
-        return [s for s in batch if s.method != "ar" and (s.draft_next or id(s) in tried)]
+        return [s for s in batch if s.method != "ar" and s.room > 1 and (s.draft_next or id(s) in tried)]
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -248,13 +248,14 @@ class LLMEngine:
         args = ([s.method for s in drafting], [s.budget for s in drafting],
                 [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width,
                 tree_scales(self, drafting))
+        depths = [s.room - 1 for s in drafting]  # deeper nodes could not commit (`trees.cap_depth`)
         drafts_now = {id(s) for s in drafting}
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:
-            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads, batch=B)
+            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads, batch=B, depths=depths)
             trees, tree_batch = None, chosen.scatter(upload(where, ids.device), B)
         else:
-            chosen, chosen_masses = choose_trees(*args, batch=B)
+            chosen, chosen_masses = choose_trees(*args, batch=B, depths=depths)
             trees = [chosen[where.index(b)] if b in where else Tree.empty() for b in range(B)]
             tree_batch, size = self._upload(trees), [t.size for t in chosen]
         sizes = [0] * B

@@ -144,6 +144,11 @@ class Sequence:
         return self.prefilled < len(self.request.prompt_ids)
 
     @property
+    def room(self) -> int:
+        """Output tokens it may still emit (max_new_tokens, within the context window)."""
+        return self.stop.max_new_tokens - len(self.tokens)
+
+    @property
     def done(self) -> bool:
         return self.finish_reason is not None
 

@@ -43,16 +43,18 @@ def choose_trees(
     width: WidthSource | None,
     scales: Sequence[float],  # per request: realized / forecast acceptance (a gate's correction; 0: one node)
     batch: int | None = None,  # requests the verify pads (the round's; None: these drafting ones)
+    depths: Sequence[int] | None = None,  # per request: the deepest node that can still commit (`cap_depth`)
 ) -> tuple[list[Tree], list[np.ndarray | None]]:
     """One tree per drafted request (same order as `methods`), and the sorted prefix masses
     each `auto` request's tree was chosen from, as drafted, before its scale (None for the others). auto's widths are
     `device_trees`' (`_auto_sizes`), from each request's best-first candidates on the host."""
+    lp = cap_depth(lp, depths)
     trees: list[Tree | None] = [None] * len(methods)
     masses: list[np.ndarray | None] = [None] * len(methods)
     auto = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m != "chain" and n == AUTO]
     fixed = [b for b, (m, n) in enumerate(zip(methods, budgets)) if m != "chain" and n != AUTO]
     for b in (b for b, m in enumerate(methods) if m == "chain"):
-        trees[b] = build_chain(ids[b], lp[b])
+        trees[b] = build_chain(ids[b], lp[b], min(ids.shape[1], depths[b]) if depths is not None else None)
     for b, tree in zip(fixed, build_trees(ids[fixed], lp[fixed], [int(budgets[b]) for b in fixed])):
         trees[b] = tree  # one search for every fixed budget of the round
     if auto:
@@ -81,6 +83,30 @@ def _auto_rule(width: WidthSource | None, prefix_lens: Sequence[int], auto: list
     return rule, min(reach, spec.max_nodes(L))
 
 
+def cap_depth(lp, depths: Sequence[int] | None):
+    """lp [B, L, K] (numpy or torch) with request b's positions from depths[b] on at -inf, never proposed: a
+    round commits at most the tokens a request may still emit (its accepted nodes and the bonus token), so a
+    node deeper than that less one could never commit (a request 2 tokens from max_tokens verifies 1 level)."""
+    L = lp.shape[1]
+    if depths is None or min(depths, default=L) >= L:
+        return lp
+    if isinstance(lp, np.ndarray):
+        return np.where((np.arange(L)[None, :] >= np.asarray(depths)[:, None])[:, :, None], -np.inf, lp)
+    past = torch.arange(L, device=lp.device)[None, :] >= upload(list(depths), lp.device)[:, None]
+    return lp.masked_fill(past[:, :, None], -torch.inf)
+
+
+def reachable(depth: int, K: int, most: int) -> int:
+    """Nodes a K-ary tree holds down to `depth` levels, at most `most` (a fixed budget past it is capped)."""
+    total, level = 0, 1
+    for _ in range(depth):
+        level *= K
+        total += level
+        if total >= most:
+            return most
+    return total
+
+
 def expected_committed(tree: Tree, beta: float) -> float:
     """Forecast committed length of a drafted round: 1 + sum of calibrated node masses."""
     return 1.0 + float((np.exp(tree.score) ** beta).sum())
@@ -105,15 +131,17 @@ class MeanBudget:
 
 def device_trees(methods: Sequence[str], budgets: Sequence[int | str], prefix_lens: Sequence[int],
                  ids: torch.Tensor, lp: torch.Tensor, spec: SpecConfig, width: WidthSource | None,
-                 scales: Sequence[float], read: Callable[[torch.Tensor], np.ndarray], batch: int | None = None
-                 ) -> tuple[TreeBatch, list[int], list[np.ndarray | None]]:
+                 scales: Sequence[float], read: Callable[[torch.Tensor], np.ndarray], batch: int | None = None,
+                 depths: Sequence[int] | None = None) -> tuple[TreeBatch, list[int], list[np.ndarray | None]]:
     """`choose_trees` on the device: ids, lp [B, L, K] stay there; -> the trees (TreeBatch),
     each request's size and auto's masses. Fixed budgets and chains read nothing; `auto`
     reads its candidates' scores once (its width rule runs on the host)."""
-    B, L, _ = ids.shape
+    B, L, K = ids.shape
+    lp, deep = cap_depth(lp, depths), [L] * B if depths is None else [min(L, d) for d in depths]
     cast = [b for b, m in enumerate(methods) if m == "cast"]
     auto = [b for b in cast if budgets[b] == AUTO]
-    sizes = [L if m == "chain" else 0 if b in auto else int(budgets[b]) for b, m in enumerate(methods)]
+    sizes = [deep[b] if m == "chain" else 0 if b in auto else reachable(deep[b], K, int(budgets[b]))
+             for b, m in enumerate(methods)]
     rule, reach = _auto_rule(width, prefix_lens, auto, spec, L) if auto else (None, 0)
     widest = max([sizes[b] for b in cast if b not in auto] + [reach])  # one search for all
     trees = chain(ids, lp) if len(cast) < B else None

@@ -2,8 +2,8 @@
 IterationStats as dicts), one per engine round.
 
 specDecodingStats, over the requests that drafted this round:
-  numDraftTokens              tree nodes verified (a chain: its L tokens; TensorRT-LLM counts a
-                              tree's nodes too)
+  numDraftTokens              tree nodes verified (a chain: its L tokens, fewer where max_tokens
+                              leaves less room; TensorRT-LLM counts a tree's nodes too)
   numAcceptedTokens           draft tokens accepted (committed - 1 per drafting request)
   numRequestsWithDraftTokens  requests that drafted
   acceptanceLength            (accepted + requests) / requests: committed tokens per drafted round

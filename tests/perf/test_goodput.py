@@ -38,7 +38,8 @@ def test_every_method_outputs_equal_ar_token_for_token(rows):
 
 def test_uniform_and_best_first_verify_the_same_nodes_alone_and_best_first_shares_them_in_a_batch(rows):
     by = {(r["concurrency"], r["method"]): r for r in rows}
-    assert by[1, "cast:3"]["mean_N"] == by[1, "best-first:3"]["mean_N"] == 3
+    assert by[1, "cast:3"]["mean_N"] == by[1, "best-first:3"]["mean_N"]
+    assert 2.0 < by[1, "cast:3"]["mean_N"] <= 3  # 3 a round, 0 in a last round with one token left
     assert by[3, "chain"]["mean_N"] == by[1, "chain"]["mean_N"]
 
 

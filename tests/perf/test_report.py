@@ -66,7 +66,7 @@ def test_greedy_methods_emit_identical_tokens_and_ratios_follow_ms_per_token(rep
     assert rows["ar"]["mean_R"] == 1.0 and rows["ar"]["speedup_over_ar"] == pytest.approx(1.0)
     assert rows["cast:5"]["speedup_over_ar"] == pytest.approx(t["ar"] / t["cast:5"])
     assert rows["cast:5"]["gain_over_chain"] == pytest.approx(t["chain"] / t["cast:5"] - 1)
-    assert rows["cast:5"]["mean_budget"] == 5.0
+    assert 4.0 < rows["cast:5"]["mean_budget"] <= 5.0  # 5 a round, 0 in a last round with one token left
     table = format_table(rep["summary"])
     assert table.startswith("| method") and "| cast:5 |" in table
 

@@ -133,3 +133,23 @@ def test_auto_prices_the_round_the_verify_runs_every_request_padded_and_its_budg
     else:
         choose_trees(*args, ids[:auto], lp[:auto], SpecConfig(), lambda prefix: rule, [1.0] * auto, batch=batch)
     assert rule.rounds == [(batch or auto, auto)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_depth_caps_trim_every_method_alike_on_host_and_device(seed):
+    """A request that may emit only d + 1 more tokens gets no node deeper than d (`trees.cap_depth`), on the
+    host search and on the device one alike: chains stop at d, fixed budgets keep the best nodes down to d,
+    auto's shared budget sees only those."""
+    ids, lp = marginals(seed)
+    methods, budgets, depths = ["chain", "cast", "cast", "cast"], [None, 6, "auto", "auto"], [2, 1, 3, L]
+    args = (methods, budgets, [10] * B)
+    host, _ = choose_trees(*args, ids, lp, SpecConfig(), lambda prefix: MeanBudget(4), [1.0] * B, depths=depths)
+    device, sizes, _ = device_trees(*args, torch.from_numpy(ids), torch.from_numpy(lp), SpecConfig(),
+                                    lambda prefix: MeanBudget(4), [1.0] * B, lambda t: t.cpu().numpy(), depths=depths)
+    assert [t.size for t in host] == sizes and sizes[:2] == [2, K]  # depth 1 holds K nodes, not 6
+    for b, tree in enumerate(host):
+        assert tree.depth.max() <= depths[b] and np.isfinite(tree.score).all()
+        assert device.depth[b, :sizes[b]].tolist() == tree.depth.tolist()
+        assert device.tokens[b, :sizes[b]].tolist() == tree.tokens.tolist()
+    uncapped, _ = choose_trees(*args, ids, lp, SpecConfig(), lambda prefix: MeanBudget(4), [1.0] * B)
+    assert uncapped[0].size == L and uncapped[1].depth.max() > 1  # the caps, not the drafts, trimmed them

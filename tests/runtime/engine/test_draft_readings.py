@@ -31,6 +31,9 @@ class Readings:
     def observe_draft(self, ms: float, batch: int = 1) -> None:
         self.draft.append(ms)
 
+    def round_ms(self, packed: int, batch: int = 1, drafted: bool = True) -> float:
+        return 1.0  # the realized guard's price of a round no request drafted; not what these tests read
+
 
 class SlowContext(DrafterExecutor):
     """The real drafter, its context pass made MS_PER_ROW ms per tap row slower, so its
@@ -53,7 +56,7 @@ def test_a_first_drafts_prompt_context_is_not_priced_as_a_per_round_draft_cost()
     prompt_pass_ms = MS_PER_ROW * 150
     assert seq.timings.first_draft_ms >= prompt_pass_ms  # the first draft did pay for the prompt ...
     assert readings.draft and max(readings.draft) < prompt_pass_ms / 3  # ... but no reading carries it
-    assert len(readings.draft) == seq.num_rounds  # every drafted round is still read
+    assert len(readings.draft) == sum(seq.drafted) > 0  # every drafted round is still read
 
 
 def test_a_verify_reading_carries_the_commit_that_follows_it():
@@ -90,4 +93,4 @@ def test_a_verify_reading_is_priced_at_the_width_the_pass_padded_every_request_t
     while engine.active:
         engine.step()
     both = [packed for packed, batch in readings.packed if batch == 2]
-    assert both and set(both) == {2 * 4}
+    assert 2 * 4 in both and set(both) <= {2 * 4, 2 * 1}  # 2 x 1: a last round, one token left (root alone)

@@ -173,7 +173,8 @@ def test_width_rule_sets_each_rounds_budget(tiny):
     _, out = _run(tiny, drafter, PROMPTS[1], width=lambda prefix: rule, budget="auto", draft_gate=False,
                   max_new_tokens=12)
     assert out.token_ids == _ar(tiny, PROMPTS[1], 12)
-    assert out.budgets[:3] == [3, 20, 0] and rule.calls == out.num_rounds
+    assert out.budgets[:3] == [3, 20, 0] and rule.calls == sum(out.drafted)
+    assert out.num_rounds - sum(out.drafted) <= 1  # all but a last round with one token left (`Sequence.room`)
 
 
 def test_sampling_is_reproducible_from_the_seed(tiny):
@@ -239,7 +240,31 @@ def test_max_draft_len_shortens_the_chain(tiny):
     drafter = DrafterExecutor(random_drafter(tiny.config, block_size=8, seed=3), tiny)
     engine = LLMEngine(tiny, drafter, spec=SpecConfig(method="chain", max_draft_len=3))
     out = engine.generate([Request(PROMPTS[1], 20)])[0]
-    assert out.token_ids == _ar(tiny, PROMPTS[1], 20) and set(out.budgets) == {3}
+    assert out.token_ids == _ar(tiny, PROMPTS[1], 20)
+    room = 20 - 1 - np.cumsum([0] + out.accept_lengths[:-1])  # tokens each round may still emit (1: the prefill's)
+    assert out.budgets == np.minimum(3, room - 1).tolist()  # no node deeper than the request can commit
+    assert out.budgets.count(3) >= 3
+
+
+def test_no_node_is_drafted_deeper_than_max_new_tokens_can_commit(tiny):
+    """A round commits at most the tokens a request may still emit, so a tree never reaches deeper
+    (`trees.cap_depth`) and a request with one token left does not draft: output unchanged."""
+    class Depths(LLMEngine):
+        def _commit(self, seq, tree, acc, logits, draft):
+            self.depths.append(int(tree.depth.max(initial=0)))
+            return super()._commit(seq, tree, acc, logits, draft)
+
+    for method, budget in (("cast", 15), ("chain", None), ("cast", "auto")):
+        for n in (2, 3, 7):
+            ref = _ar(tiny, PROMPTS[0], n)
+            engine = Depths(tiny, ScriptedDrafter(len(PROMPTS[0]), ref, vocab=64), spec=SpecConfig(),
+                            width=lambda prefix: MeanBudget(15))
+            engine.depths = []
+            out = engine.generate([Request(PROMPTS[0], n, method=method, budget=budget, draft_gate=False)])[0]
+            assert out.token_ids == ref
+            room = n - 1 - np.cumsum([0] + out.accept_lengths[:-1])
+            assert engine.depths == np.minimum(room - 1, 7).tolist()  # the script is accepted to the cap
+            assert out.drafted == [r > 1 for r in room]
 
 
 def test_a_cold_engine_under_load_sends_one_scout_and_the_others_inherit_its_masses(tiny):
