@@ -22,7 +22,8 @@ from pathlib import Path
 
 from perf.datasets import load_dataset
 from perf.harness import MethodSpec
-from perf.never_slower import code_version, cell, paired, synthetic, verdict
+from perf.never_slower import code_version, cell, synthetic
+from perf.never_slower_bar import paired, verdict
 from perf.report import machine_info
 from perf.throughput import serve_method
 
@@ -120,7 +121,7 @@ def page(report: dict) -> str:
              f"Machine: {json.dumps(report['machine'])}.", "",
              "The bar's reference (cast:3 where it beats AR, else AR; `=ar` after a cell's name) runs twice per "
              "cell, the second time in cast:auto's place (`perf/never_slower_aa.py`). bar: the report's "
-             "(`perf.never_slower.verdict`; where no width pays, the twin of AR against 0.98x AR); gap rule: the "
+             "(`perf.never_slower_bar.verdict`; where no width pays, the twin of AR against 0.98x AR); gap rule: the "
              "one it replaced (best runs within the largest best / next-best gap); AR in auto's place: the bar's "
              "power, where cast:3 beats AR.", "",
              "| cell | cast:3 x AR | best-run ratio (twin / reference) | paired (95% bound) | bar | gap rule | "

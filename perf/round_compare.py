@@ -18,7 +18,8 @@ import numpy as np
 
 import runtime.engine.engine as engine_module
 from perf.harness import MethodSpec
-from perf.never_slower import METHODS, paired
+from perf.never_slower import METHODS
+from perf.never_slower_bar import paired
 from perf.never_slower_aa import prompts as cell_prompts
 from perf.throughput import serve_method
 

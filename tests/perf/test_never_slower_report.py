@@ -39,7 +39,7 @@ def test_a_report_names_the_commit_it_measured():
 
 
 def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_within_noise_where_one_does():
-    from perf.never_slower import verdict
+    from perf.never_slower_bar import verdict
 
     def rows(static, auto, static_runs=(10.0, 10.2, 9.9, 10.1), auto_runs=(9.9, 10.3, 9.8, 10.1)):
         return {"cast:3": {"vs_ar": static, "runs_tokens_per_s": list(static_runs)},
@@ -63,7 +63,7 @@ def test_paired_bounds_the_mean_ratio_by_repeat_with_students_t():
     import numpy as np
     import pytest
 
-    from perf.never_slower import paired
+    from perf.never_slower_bar import paired
     mean, upper = paired([9.0, 11.0, 10.0], [10.0, 10.0, 10.0])
     d = np.log([0.9, 1.1, 1.0])
     assert mean == pytest.approx(math.exp(d.mean()))
@@ -98,6 +98,19 @@ def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
     for row in rows.values():  # the median of per-repeat ratios over AR's run in the same repeat
         ratios = sorted(x / a for x, a in zip(row["runs_tokens_per_s"], rows["ar"]["runs_tokens_per_s"]))
         assert row["paired_vs_ar"] == pytest.approx(ratios[1])
+
+
+def test_cells_where_no_width_pays_get_the_floor_repeats():
+    from perf.never_slower_bar import timed_repeats
+
+    slow_static = {"ar": 6.0, "cast:3": 7.5, "cast:auto": 6.1}  # warm-up walls: cast:3 slower than AR
+    assert timed_repeats(slow_static, 3, 30.0, 20, 8) == 8  # 30 s alone would give 5
+    assert timed_repeats(slow_static, 3, 30.0, 20, 0) == 5
+    fast_static = {"ar": 6.0, "cast:3": 4.0, "cast:auto": 4.1}  # a width pays: the time rule alone
+    assert timed_repeats(fast_static, 3, 30.0, 20, 8) == 8  # 30 / 4 s
+    assert timed_repeats(fast_static, 3, 12.0, 20, 8) == 3
+    assert timed_repeats({"ar": 0.5, "cast:3": 0.6}, 3, 30.0, 20, 8) == 20  # short runs: up to max_repeats
+    assert timed_repeats({"a": 1.0, "b": 1.0}, 3, 0.0, 20, 8) == 3  # an A/A cell (`never_slower_aa`)
 
 
 def test_the_server_part_joins_the_page_from_an_aiperf_run_folder(tmp_path):
