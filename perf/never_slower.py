@@ -196,7 +196,7 @@ def page(report: dict) -> str:
              "Each figure is a method's fastest of its repeats in tokens/s (wall, prefill included), methods "
              "interleaved in one run with the order rotated; `x AR` is over AR in the same cell. drafted = share of "
              "rounds that drafted. = AR: greedy outputs equal to AR's (fewest over repeats) / requests.", "",
-             "About 30 minutes on a 2-core machine with the defaults (the command above and the runs column say "
+             "About 50 minutes on a 2-core machine with the defaults (the command above and the runs column say "
              "how many repeats each cell had). On such a machine a whole run moves by 3-10% between repeats, "
              "up to 19% within one cell (another process, memory traffic), so a cell's best-run ratio can move "
              "by a few percent between reports; the paired column (median over repeats of each method's run over AR's run of the same "
