@@ -57,15 +57,17 @@ class EngineEvidence:
         """Realized / predicted accepted tokens, shrunk to 1 by `prior_tokens` (1 with nothing drafted)."""
         return (self.realized + prior_tokens) / (self.predicted + prior_tokens)
 
-    def add(self, committed: int, expected: float, masses: np.ndarray, packed: int, confirmed: int) -> None:
+    def add(self, committed: int, expected: float, masses: np.ndarray | None, packed: int, confirmed: int) -> None:
         """One drafted auto round of one request: committed tokens, its forecast committed length,
-        its sorted prefix masses and packed tokens, and that request's backoff level after it."""
+        its sorted prefix masses (None: not the text's, a tree capped near max_tokens) and packed
+        tokens, and that request's backoff level after it."""
         if committed < 1 or expected < 1:
             raise ValueError(f"a drafted round commits >= 1 token and forecasts >= 1, got {committed}, {expected}")
         self.realized = self.decay * self.realized + committed - 1
         self.predicted = self.decay * self.predicted + expected - 1
-        self.masses = blend(self.masses, masses, self.alpha)
-        self.packed, self.confirmed = packed, confirmed
+        if masses is not None:
+            self.masses, self.packed = blend(self.masses, masses, self.alpha), packed
+        self.confirmed = confirmed
 
     def new_text_due(self) -> bool:
         """Whether a new request alone whose inherited evidence says AR tries its new text at once: every

@@ -49,11 +49,17 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
         t.overhead_ms += overhead_ms
         t.decode_ms += verify_ms + overhead_ms
         if seq.gate is not None:
+            # a tree capped near max_tokens drafted only the levels it could commit: its masses are a part of
+            # the text's, and blended in they shrank the typical masses (zero-padded) of the gate and of the
+            # engine's pool the next requests inherit (c = 4 continuous, 2-core CPU: each new batch's gates
+            # priced AR on the last batch's capped tails and played it for its first 6-7 rounds)
+            whole = id(seq) not in engine.capped
+            typical = mass if whole else None
             seq.gate.record(was, max(seq.accept_lengths[-1], 1), (t4 - t0) * 1e3, expected,
-                            packed=tree.num_packed if was else None, masses=mass, batch=engine.load)
+                            packed=tree.num_packed if was and whole else None, masses=typical, batch=engine.load)
             seq.draft_next = brief(engine, seq).draft_next()
             if was and mass is not None:  # a drafted auto round: the engine's pooled evidence
-                engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, mass, tree.num_packed,
+                engine.evidence.add(max(seq.accept_lengths[-1], 1), expected, typical, tree.num_packed,
                                     seq.gate.backoff.confirmed)
     probed(engine, batch, masses)
     guard(engine, batch, drafting, (t4 - t0) * 1e3 - engine.prompt_context_ms)

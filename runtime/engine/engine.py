@@ -78,6 +78,7 @@ class LLMEngine:
         self.active: list[Sequence] = []
         self.load_probe = None if cost is None else LoadProbe(cost, every=spec.gate_probe_every)
         self.probing, self.probers = False, []  # this round is the load probe's; the requests it tries
+        self.capped: set[int] = set()  # this round's requests whose trees stop short of max_tokens (`_trees`)
         self.guard = None if cost is None else RealizedGuard()  # under load: drafting that measured slower stops
         self.load = 0  # live requests this round, prompts still prefilling included
         self.evidence = EngineEvidence()  # drafted auto rounds, pooled over requests: new requests start from it
@@ -240,6 +241,7 @@ class LLMEngine:
     def _trees(self, batch: list[Sequence], drafting: list[Sequence], scores: DraftScores | None):
         """(host trees, or None: built on the device; TreeBatch; nodes; drafts; auto's masses) per request."""
         B, drafts, masses = len(batch), [None] * len(batch), [None] * len(batch)
+        self.capped = set()
         if scores is None:
             trees = [Tree.empty()] * B
             return trees, self._upload(trees), [0] * B, drafts, masses
@@ -249,6 +251,7 @@ class LLMEngine:
                 [self.target.prefix_len(s.target) for s in drafting], ids, lp, self.spec, self.width,
                 tree_scales(self, drafting))
         depths = [s.room - 1 for s in drafting]  # deeper nodes could not commit (`trees.cap_depth`)
+        self.capped = {id(s) for s, d in zip(drafting, depths) if d < lp.shape[1]}  # masses of a part: `account`
         drafts_now = {id(s) for s in drafting}
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:

@@ -166,15 +166,15 @@ def test_a_probe_that_cannot_pay_back_its_context_pass_waits_while_the_batch_fin
 
 
 def test_a_probe_first_screens_a_few_requests_and_tries_them_all_only_where_the_few_look_promising():
-    """One of 8 tries first (its draft pass and 3 more tokens priced, not 8 drafting at bucket 4); its
-    fresh masses, as if all 8 drafted like it, decide whether the next round tries every request."""
+    """Two of 8 try first (their draft pass and one node each priced, not 8 drafting at bucket 4); their
+    fresh masses, as if all 8 drafted like them, decide whether the next round tries every request."""
     probe = LoadProbe(_table(60.0), every=4)
-    assert probe.trying(8) == 1 and probe.screening
+    assert probe.trying(8) == 2 and probe.screening
     assert probe.trying(1) == 1 and not probe.screening  # a screen of all is a full probe
     fired = [i for i in range(40) if probe.due(MASSES, 8, trying=probe.trying(8))]
     assert fired and fired[0] < 25  # cheaper than the full probe's 25-round floor (test above)
     assert not probe.screened(TINY[:1], 8)  # hardly a token more: AR confirmed, the wait grows
-    assert probe.interval == 8 and probe.trying(8) == 1
+    assert probe.interval == 8 and probe.trying(8) == 2
     probe.costs.observe_draft(1.0, batch=8)
     for _ in range(3):
         probe.costs.observe_verify(8 * 4, 21.0, batch=8)  # trees now cost little: the screen finds drafting pays
@@ -182,7 +182,16 @@ def test_a_probe_first_screens_a_few_requests_and_tries_them_all_only_where_the_
     assert probe.trying(8) == 8 and not probe.screening
     assert probe.due(MASSES, 8, trying=8)  # at once, not after the interval
     probe.confirmed(still_ar=False)
-    assert probe.trying(8) == 1 and probe.interval == 4
+    assert probe.trying(8) == 2 and probe.interval == 4
+
+
+def test_a_screen_is_never_one_nodes_trial_where_a_second_request_can_be_left_out():
+    """A screen of one request is one node's Bernoulli trial; at least SCREEN_MIN requests screen where
+    that still leaves one out (at 2 one screens, at 1 the probe tries all), and the share rules above it."""
+    probe = LoadProbe(_table(60.0), every=4)
+    sizes = {gated: probe.trying(gated) for gated in (1, 2, 3, 4, 8, 16, 17, 32)}
+    assert sizes == {1: 1, 2: 1, 3: 2, 4: 2, 8: 2, 16: 2, 17: 3, 32: 4}
+    assert probe.trying(4) == 2 and probe.screening
 
 
 def test_a_screen_prices_one_node_for_its_few_and_their_draft_pass():

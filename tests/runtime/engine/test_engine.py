@@ -282,3 +282,30 @@ def test_a_cold_engine_under_load_sends_one_scout_and_the_others_inherit_its_mas
     while engine.active:
         engine.step()
     assert [s.tokens for s in seqs] == [_ar(tiny, p, 24) for p in PROMPTS[:4]]
+
+
+def test_a_tree_capped_near_max_tokens_teaches_no_masses_to_its_gate_or_to_the_engines_pool(tiny):
+    """A capped round drafted only the levels it could commit: its masses are a part of the text's, so the
+    gate's typical masses and the engine's pool (what the next requests inherit) are not blended with them
+    (zero-padded they shrank: new batches priced AR on the last batch's tails); acceptance still counts."""
+    n = 12
+    ref = _ar(tiny, PROMPTS[0], n)
+    engine = LLMEngine(tiny, ScriptedDrafter(len(PROMPTS[0]), ref, vocab=64), spec=SpecConfig(),
+                       width=lambda prefix: MeanBudget(15))
+    seq = engine.add_request(Request(PROMPTS[0], n, budget="auto", draft_gate=True))
+    rounds = []  # (capped, drafted, gate masses before / after, pool masses before / after, realized before / after)
+    while engine.active:
+        before = (seq.gate.masses, engine.evidence.masses, seq.gate.realized + seq.gate.predicted)
+        drafted = len(seq.drafted)
+        engine.step()
+        after = (seq.gate.masses, engine.evidence.masses, seq.gate.realized + seq.gate.predicted)
+        rounds.append((id(seq) in engine.capped, len(seq.drafted) > drafted and seq.drafted[-1], before, after))
+    assert seq.tokens == ref
+    capped = [r for r in rounds if r[0] and r[1]]
+    whole = [r for r in rounds if not r[0] and r[1]]
+    assert capped and whole  # the script accepts to the cap: full rounds first, capped ones near the end
+    for _, _, (gate, pool, _), (gate2, pool2, _) in whole:
+        assert gate2 is not gate and pool2 is not pool  # a whole tree's masses are learned
+    for _, _, (gate, pool, seen), (gate2, pool2, seen2) in capped:
+        assert gate2 is gate and pool2 is pool  # a capped one's are not
+        assert seen2 != seen  # but what it accepted against its forecast still counts
