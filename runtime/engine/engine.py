@@ -174,12 +174,13 @@ class LLMEngine:
             for s in gated:  # a gate with no masses yet (a cold engine's scout) drafts as it chose
                 s.draft_next = id(s) in chosen if s.gate.masses is not None else s.draft_next
         full = self.load_probe is not None and self.load_probe.pending  # a screen looked promising: all try
+        new = bool(gated) and all(s.gate.rounds == (0, 0) for s in gated)  # new texts priced on the pool's evidence
         if (self.load_probe is not None and load > 1 and gated and (full or not any(s.draft_next for s in gated))
-                and self.load_probe.tick(held=self.guard is not None and self.guard.holding)):  # else: waiting
+                and self.load_probe.tick(self.guard is not None and self.guard.holding, new)):  # else: waiting
             masses = [m for m in (s.gate.typical_masses() for s in gated) if m is not None]
             trying = sorted(gated, key=lambda s: s.gate.once_ms)[:self.load_probe.trying(len(gated))]  # cheapest
             self.probing = self.load_probe.ready(masses, load, sum(s.gate.once_ms for s in trying),
-                                                 rounds_left([s.gate for s in trying]), len(trying))
+                                                 rounds_left([s.gate for s in trying]), len(trying), new)
             self.probers = trying if self.probing else []
         tried = {id(s) for s in self.probers}
         return [s for s in batch if s.method != "ar" and s.room > 1 and (s.draft_next or id(s) in tried)]

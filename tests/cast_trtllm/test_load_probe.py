@@ -47,6 +47,19 @@ def test_a_dear_probe_costs_at_most_probe_share_of_the_ar_rounds_between_probes(
     assert list(np.diff([-1] + _probed(probe, 200))) == [25, 25, 25, 32, 64]
 
 
+def test_new_texts_priced_at_a_close_call_on_the_pools_evidence_are_probed_at_once_not_after_the_cost_floor():
+    """Every gated request new: its price is other texts' evidence, so at a close call (>= margin) the probe is
+    due in the batch's first round, not after the 25 rounds that hold an old batch's probes to PROBE_SHARE of
+    its AR time; priced far below the margin, new texts wait as old ones do."""
+    probe = LoadProbe(_table(60.0), every=4, max_backoff=4)  # a close call (0.95x AR) whose probe costs 2.5 rounds
+    assert probe.due(MASSES, 8, new=True)
+    probe.confirmed(still_ar=True)
+    assert not any(probe.due(MASSES, 8) for _ in range(20))  # an old batch: the floor again
+    far = LoadProbe(_table(200.0), every=4, max_backoff=4)
+    assert not any(far.due(MASSES, 8, new=True) for _ in range(20))
+    assert not LoadProbe(_table(60.0), every=4).due(MASSES, 8, held=True, new=True)  # a veto still holds
+
+
 def test_no_probe_is_due_while_a_veto_of_the_realized_guard_holds_but_its_rounds_count_towards_the_wait():
     """A try during the hold could not lift the veto and would only back the probe off (c = 4: such a
     try doubled the wait and the batch played AR to its end where cast:3 won 1.18x)."""
