@@ -43,7 +43,7 @@ def test_old_acceptance_decays_and_masses_blend_descending():
     assert np.allclose(blend(None, MASSES, 0.2), MASSES)
 
 
-@pytest.mark.parametrize("call", [lambda: EngineEvidence(decay=0.0), lambda: EngineEvidence(alpha=1.5),
+@pytest.mark.parametrize("call", [lambda: EngineEvidence(decay=0.0), lambda: EngineEvidence(decay=1.5),
                                   lambda: EngineEvidence().add(0, 2.0, MASSES, 5, 0),
                                   lambda: EngineEvidence().add(2, 0.5, MASSES, 5, 0)])
 def test_bad_input_is_refused(call):
@@ -103,3 +103,20 @@ def test_new_text_tries_come_ever_more_rarely_while_they_find_ar_and_every_arriv
     assert due(16) == ([False] * 7 + [True]) * 2  # at most every 8th (NEW_TEXT_EVERY)
     pool.new_text_tried(found=True)
     assert due(2) == [True, True]
+
+
+def test_pooled_masses_are_the_windows_mean_not_the_last_few_request_rounds():
+    """One request-round's masses swing (c = 4, 2-core CPU: sums 0.6-6.4 about ~2.5), and a new batch is priced
+    on the pool: a batch's last few low rounds must not set the next batch's price."""
+    evidence = EngineEvidence()
+    evidence.add(2, 2.0, MASSES, 5, confirmed=0)
+    evidence.add(2, 2.0, MASSES / 2, 5, confirmed=0)
+    assert np.allclose(evidence.masses, 0.75 * MASSES)  # the mean of the first rounds, not an EWMA from the first
+    for _ in range(60):
+        evidence.add(3, 3.0, MASSES, 5, confirmed=0)
+    for _ in range(5):  # the batch's last uncapped rounds, drafting on text the head is unsure of
+        evidence.add(1, 1.5, MASSES / 4, 5, confirmed=0)
+    assert evidence.masses.sum() > 0.85 * MASSES.sum()  # an EWMA of weight 0.2 read 0.43x here
+    for _ in range(200):  # the texts did change: the pool follows within its window
+        evidence.add(1, 1.5, MASSES / 4, 5, confirmed=0)
+    assert evidence.masses.sum() < 0.3 * MASSES.sum()
