@@ -45,7 +45,7 @@ def blend(old: np.ndarray | None, new: np.ndarray, alpha: float) -> np.ndarray:
 @dataclass(slots=True)
 class EngineEvidence:
     decay: float = 0.98  # acceptance sums shrink by this per drafted request-round; masses weigh 1 - decay
-    masses: np.ndarray | None = None  # EWMA of drafted rounds' sorted prefix masses (None: nothing drafted yet)
+    masses: np.ndarray | None = None  # drafted rounds' sorted prefix masses: the window's mean (`add`; None: none yet)
     packed: int | None = None  # packed tokens of the last drafted round
     realized: float = 0.0  # decayed accepted (non-root) tokens
     predicted: float = 0.0  # their decayed forecast
