@@ -3,7 +3,12 @@
 # AR, cast:3 and cast:auto as per-request `cast` options on ONE server, chat + streaming, synthetic
 # prompts, ignore_eos; the method order rotates per repeat at each concurrency. Issue 40.
 #
-#   perf/aiperf_run.sh OUT_DIR            (LEVELS="1 8 16" REQUESTS=16 ISL=100 OSL=32 REPEATS=2)
+#   perf/aiperf_run.sh OUT_DIR            (LEVELS="1 8 16" REQUESTS=16 PER_SLOT=4 ISL=100 OSL=32 REPEATS=2)
+#
+# Each run sends max(REQUESTS, PER_SLOT x c) requests, so that at every level requests join as others
+# finish (continuous arrivals): at c = 16, 16 requests are one burst whose 16 prefills take half its
+# time. After each run the server's /metrics is kept in the run's folder: `perf/aiperf_summary.py`
+# reads from the counters' steps how often each run drafted.
 #
 # AIPerf lives in its own virtual environment ($AIPERF_VENV, made here on first use): it is a
 # benchmark client, never a dependency of the runtime. It needs a tokenizer folder (the embedded
@@ -12,14 +17,15 @@
 # The server listens on 127.0.0.1 only.
 set -euo pipefail
 OUT=${1:?usage: perf/aiperf_run.sh OUT_DIR}
-LEVELS=${LEVELS:-"1 8 16"}; REQUESTS=${REQUESTS:-16}; ISL=${ISL:-100}; OSL=${OSL:-32}; REPEATS=${REPEATS:-2}
+LEVELS=${LEVELS:-"1 8 16"}; REQUESTS=${REQUESTS:-16}; PER_SLOT=${PER_SLOT:-4}; ISL=${ISL:-100}; OSL=${OSL:-32}; REPEATS=${REPEATS:-2}
 VENV=${AIPERF_VENV:-$HOME/.cache/cast-trtllm/aiperf-venv}
 PY=${PYTHON:-python}
 if [ ! -x "$VENV/bin/aiperf" ]; then
   python3 -m venv "$VENV" && "$VENV/bin/pip" install -q aiperf==0.13.0
 fi
 mkdir -p "$OUT"
-echo "LEVELS=\"$LEVELS\" REQUESTS=$REQUESTS ISL=$ISL OSL=$OSL REPEATS=$REPEATS perf/aiperf_run.sh OUT (code \
+rm -f "$OUT/order.txt"
+echo "LEVELS=\"$LEVELS\" REQUESTS=$REQUESTS PER_SLOT=$PER_SLOT ISL=$ISL OSL=$OSL REPEATS=$REPEATS perf/aiperf_run.sh OUT (code \
 $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load average at start $(cut -d' ' -f1-3 /proc/loadavg))" \
   > "$OUT/command.txt"
 [ -f "$OUT/tokenizer/tokenizer_config.json" ] || "$PY" -c "
@@ -37,16 +43,19 @@ declare -A BODY=([ar]='{"cast": {"method": "ar"}, "ignore_eos": true}'
                  [auto]='{"ignore_eos": true}')
 ORDER=(ar cast3 auto)
 for c in $LEVELS; do
+  n=$(( PER_SLOT * c > REQUESTS ? PER_SLOT * c : REQUESTS ))
   for r in $(seq 0 $((REPEATS - 1))); do
     for i in 0 1 2; do
       m=${ORDER[$(( (i + r) % 3 ))]}
       echo "c=$c repeat $r $m" >&2
       env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE "$VENV/bin/aiperf" profile --model "$MODEL" \
         --url "http://127.0.0.1:$PORT" --endpoint-type chat --streaming --concurrency "$c" \
-        --request-count "$REQUESTS" --prompt-input-tokens-mean "$ISL" --prompt-input-tokens-stddev 0 \
+        --request-count "$n" --prompt-input-tokens-mean "$ISL" --prompt-input-tokens-stddev 0 \
         --output-tokens-mean "$OSL" --output-tokens-stddev 0 --extra-inputs "${BODY[$m]}" \
         --tokenizer "$OUT/tokenizer" --random-seed 0 --ui-type none \
         --artifact-dir "$OUT/c$c-$m-r$r" > "$OUT/c$c-$m-r$r.log" 2>&1
+      curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/c$c-$m-r$r/server_metrics.txt"
+      echo "c$c-$m-r$r" >> "$OUT/order.txt"
     done
   done
 done

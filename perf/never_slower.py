@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.aiperf_summary import pair_text, share_text
 from perf.datasets import load_dataset
 from perf.harness import MethodSpec
 from perf.never_slower_bar import AA_MARGIN, paired, timed_repeats, verdict
@@ -237,9 +238,14 @@ def page(report: dict) -> str:
                   "these cells measure sampled decoding, the in-process ones greedy. At T = 1 on these "
                   "Shakespeare-word prompts a drafted round commits 1.1-1.3 tokens (server counters), so no width "
                   "pays there.", "",
-                  "| c | method | output tok/s | x AR | repeats | bar |", "|---|---|---|---|---|---|"]
+                  "paired x AR: the geometric mean over repeats of the method's run over AR's run of the same "
+                  "repeat, and its one-sided 95% upper bound. drafted: the share of the method's request-rounds that "
+                  "drafted, from the steps of the server's counters across its runs.", "",
+                  "| c | method | output tok/s | x AR | paired x AR (95% bound) | drafted | repeats | bar |",
+                  "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['vs_ar']:.2f} | "
-                  f"{', '.join(f'{v:.1f}' for v in r['runs'])} | {server_bar(part['rows'], r)} |" for r in part["rows"]]
+                  f"{pair_text(r)} | {share_text(r)} | {', '.join(f'{v:.1f}' for v in r['runs'])} | "
+                  f"{server_bar(part['rows'], r)} |" for r in part["rows"]]
     return "\n".join(lines) + "\n"
 
 

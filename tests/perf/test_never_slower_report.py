@@ -130,7 +130,7 @@ def test_the_server_part_joins_the_page_from_an_aiperf_run_folder(tmp_path):
     report = {"command": "x", "machine": {}, "engine": {}, "wall_minutes": 1.0, "cells": [],
               "aiperf": aiperf_part(tmp_path)}
     text = page(report)
-    assert '`LEVELS="8" perf/aiperf_run.sh OUT`' in text and "| 8 | auto | 51.0 | 1.02 | 51.0, 47.5 | meets |" in text
+    assert '`LEVELS="8" perf/aiperf_run.sh OUT`' in text and "| 8 | auto | 51.0 | 1.02 | - | - | 51.0, 47.5 | meets |" in text
 
 
 def test_the_aa_run_judges_cast3_against_itself_by_the_bar_and_by_the_rule_it_replaced():
@@ -187,3 +187,38 @@ def test_the_aiperf_summary_keeps_repeats_in_number_order(tmp_path):
     main(str(tmp_path))
     rows = {r["method"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert rows["ar"]["runs"] == [11.0, 12.0, 20.0] and rows["auto"]["runs"] == [21.0, 22.0, 30.0]
+
+
+def test_the_aiperf_summary_reads_each_runs_drafting_from_the_servers_counter_steps(tmp_path):
+    """A run's rounds are the steps of the server's counters since the run before it ran (`order.txt`), so one
+    method's drafting is told from the others' though the counters sum every method's runs."""
+    import json
+
+    import pytest
+
+    from perf.aiperf_summary import main
+    totals = 0.0, 0.0, 0.0  # rounds, drafted rounds, committed tokens, as the server counts them
+    order = []
+    for name, (rounds, drafted, committed), tps in (("c4-ar-r0", (100, 0, 100), 40.0), ("c4-auto-r0", (100, 5, 110), 41.0),
+                                                    ("c4-auto-r1", (90, 30, 120), 42.0), ("c4-ar-r1", (100, 0, 100), 40.0)):
+        totals = totals[0] + rounds, totals[1] + drafted, totals[2] + committed
+        run = tmp_path / name
+        (run / "artifacts").mkdir(parents=True)
+        (run / "artifacts" / "profile_export_aiperf.csv").write_bytes(
+            f"Metric,avg\r\nOutput Token Throughput (tokens/sec),{tps}\r\n".encode())
+        (run / "server_metrics.txt").write_text(
+            "# HELP cast_rounds_total Verify rounds of all requests.\n# TYPE cast_rounds_total counter\n"
+            f"cast_rounds_total {totals[0]}\ncast_drafted_rounds_total {totals[1]}\n"
+            f"cast_committed_tokens_total {totals[2]}\n")
+        order.append(name)
+    (tmp_path / "order.txt").write_text("\n".join(order) + "\n")
+    main(str(tmp_path))
+    rows = {r["method"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
+    assert rows["auto"]["drafted_share"] == pytest.approx(35 / 190)
+    assert rows["auto"]["committed_per_round"] == pytest.approx(230 / 190)
+    assert rows["ar"]["drafted_share"] == 0.0
+    assert rows["auto"]["paired_vs_ar"][0] == pytest.approx((41 / 40 * 42 / 40) ** 0.5)
+    assert "| 4 | auto | 42.0 | 1.05 | 1.037 (<= " in (tmp_path / "summary.md").read_text()
+    (tmp_path / "c4-auto-r1" / "server_metrics.txt").unlink()  # a run that did not finish: said, not skipped
+    with pytest.raises(SystemExit, match="c4-auto-r1"):
+        main(str(tmp_path))
