@@ -7,12 +7,21 @@ run once untimed, then `--repeats` runs each, the order alternating. Per run: to
 per request-round (R), and over the full-batch rounds the median round ms (draft to commit) and its host parts:
 the draft gates' choice (`_drafts`), tree building, and the bookkeeping after the commit (`account`). Then the
 means over runs and the paired tokens/s ratio (second method over first). Methods: ar, chain, cast:N, cast:auto.
+
+    python -m perf.round_compare --methods ar,cast:auto --concurrency 16 --temperature 1 \
+        --aiperf-inputs OUT/c1-ar-r0/inputs.json --max-new-tokens 24 --repeats 8
+
+replays a `perf/aiperf_run.sh` run's load in process: its chat prompts as the server renders them, sampled at
+T = 1 (what the server does for AIPerf, which sends no temperature), max(16, 4 x c) requests joining as others finish.
+Through the server, AIPerf shares the 2 cores and one run moves 5-10%; here the engine's own cost shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -73,17 +82,19 @@ class Timed:
         engine_module.account, engine_module.LLMEngine._drafts = self._account, self._drafts
 
 
-def compare(engine, batch: list, c: int, specs: list[MethodSpec], repeats: int, max_new: int, say=print) -> dict:
-    """Runs alternating; -> {label: [per-run dict]} and the paired tokens/s ratio of specs[1] over specs[0]."""
+def compare(engine, batch: list, c: int, specs: list[MethodSpec], repeats: int, max_new: int, say=print,
+            temperature: float = 0.0) -> dict:
+    """Runs alternating; -> {label: [per-run dict]} and the paired tokens/s ratio of specs[1] over specs[0].
+    temperature > 0: sampled, both methods of repeat r with the same seeds."""
     for spec in specs:
-        serve_method(engine, spec, batch, max_new, c)
+        serve_method(engine, spec, batch, max_new, c, temperature, seed=10**6)
     timed, runs = Timed(), {s.label: [] for s in specs}
     timed.install()
     try:
         for r in range(repeats):
             for spec in specs if r % 2 == 0 else specs[::-1]:
                 timed.rows.clear()
-                wall, _, seqs, *_ = serve_method(engine, spec, batch, max_new, c)
+                wall, _, seqs, *_ = serve_method(engine, spec, batch, max_new, c, temperature, seed=1000 * r)
                 a = np.array(timed.rows, np.float64).reshape(-1, 7)
                 full = a[a[:, 0] == c]
                 run = {"tokens_per_s": sum(len(s.tokens) for s in seqs) / wall, "rounds": len(a),
@@ -99,6 +110,23 @@ def compare(engine, batch: list, c: int, specs: list[MethodSpec], repeats: int, 
     return {"runs": runs, "paired": paired(second, first)}
 
 
+def aiperf_prompts(tokenizer, path: str, n: int) -> list[list[int]]:
+    """n prompts (repeated in order) from an AIPerf artifact's inputs.json: each session's first chat
+    payload, rendered with the chat template and tokenized as `serve --api openai` does."""
+    from runtime.serving.openai.app import render_chat
+
+    try:
+        sessions = json.loads(Path(path).read_text())["data"]
+        chats = [s["payloads"][0]["messages"] for s in sessions]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        raise SystemExit(f"--aiperf-inputs {path}: not an AIPerf inputs.json ({err}); pass the inputs.json "
+                         "of a run's artifact folder (perf/aiperf_run.sh OUT/c1-ar-r0/inputs.json)") from err
+    if not chats:
+        raise SystemExit(f"--aiperf-inputs {path} holds no sessions")
+    ids = [tokenizer(render_chat(tokenizer, m), add_special_tokens=False)["input_ids"] for m in chats]
+    return [ids[i % len(ids)] for i in range(n)]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="cast:3,cast:auto", help="two methods: ar, chain, cast:N, cast:auto")
@@ -106,6 +134,11 @@ def main(argv=None) -> None:
     ap.add_argument("--mode", default="continuous", choices=("continuous", "all-at-once"))
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    ap.add_argument("--aiperf-inputs", metavar="JSON", help="instead of the cell's prompts: the chat prompts of an "
+                    "AIPerf run (its artifact folder's inputs.json), rendered and tokenized as the server does; "
+                    "max(16, 4 x --concurrency) requests (as perf/aiperf_run.sh sends), joining as others finish "
+                    "(with --temperature 1: the server's load without HTTP)")
     args = ap.parse_args(argv)
     specs = [method(m) for m in args.methods.split(",")]
     if len(specs) != 2 or args.repeats < 2:
@@ -113,8 +146,12 @@ def main(argv=None) -> None:
     from runtime.engine.build import build_engine
 
     built = build_engine()
-    batch, c = cell_prompts(built.encode, f"c{args.concurrency}:{args.mode}", 8)
-    out = compare(built.engine, batch, c, specs, args.repeats, args.max_new_tokens)
+    if args.aiperf_inputs:
+        n = max(16, 4 * args.concurrency)
+        batch, c = aiperf_prompts(built.models.tokenizer, args.aiperf_inputs, n), args.concurrency
+    else:
+        batch, c = cell_prompts(built.encode, f"c{args.concurrency}:{args.mode}", 8)
+    out = compare(built.engine, batch, c, specs, args.repeats, args.max_new_tokens, temperature=args.temperature)
     for label, runs in out["runs"].items():
         print(f"{label:10s} mean " + " ".join(f"{k} {np.mean([r[k] for r in runs]):.2f}" for k in runs[0]))
     ratio = out["paired"]

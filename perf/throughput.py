@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from cast_trtllm.sampling import SamplingParams
 from perf.harness import MethodSpec
 from perf.trtllm_report import RequestRecord
 from runtime.engine import LLMEngine, Request
@@ -62,18 +63,24 @@ def serve(engine: LLMEngine, requests: list[Request], concurrency: int
     return time.perf_counter() - start, stepping, out, rounds, ends
 
 
-def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
-    """One greedy `ignore_eos` request per prompt, with the method's per-request overrides."""
-    return [Request(tuple(p), max_new, ignore_eos=True, **spec.request_options()) for p in prompts]
+def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: int, temperature: float = 0.0,
+                 seed: int = 0) -> list[Request]:
+    """One `ignore_eos` request per prompt, with the method's per-request overrides: greedy, or sampled at
+    `temperature` with seed `seed` + the prompt's index."""
+    sampling = (lambda i: {}) if temperature == 0 else (
+        lambda i: {"sampling": SamplingParams(temperature=temperature, seed=seed + i)})
+    return [Request(tuple(p), max_new, ignore_eos=True, **sampling(i), **spec.request_options())
+            for i, p in enumerate(prompts)]
 
 
-def serve_method(engine: LLMEngine, spec: MethodSpec, prompts, max_new: int, concurrency: int):
+def serve_method(engine: LLMEngine, spec: MethodSpec, prompts, max_new: int, concurrency: int,
+                 temperature: float = 0.0, seed: int = 0):
     """`serve` one method's requests; best-first:W runs under the shared W x B width rule."""
     width = engine.width
     if spec.method == "best-first":
         engine.width = lambda prefix: MeanBudget(spec.budget)
     try:
-        return serve(engine, requests_for(spec, prompts, max_new), concurrency)
+        return serve(engine, requests_for(spec, prompts, max_new, temperature, seed), concurrency)
     finally:
         engine.width = width
 

@@ -49,3 +49,35 @@ def test_the_host_tally_counts_every_gate_choice_and_bookkeeping_call():
     finally:
         timed.remove()
     assert timed.rows and timed.host_ms >= sum(r[4] + r[6] for r in timed.rows) > 0
+
+
+def test_sampled_runs_seed_each_request_and_both_methods_alike():
+    from perf.round_compare import method
+    from perf.throughput import requests_for
+
+    greedy = requests_for(method("ar"), [[1, 2], [3]], 4)
+    assert all(not r.sampling.temperature for r in greedy)
+    ar, auto = (requests_for(method(m), [[1, 2], [3]], 4, temperature=1.0, seed=2000) for m in ("ar", "cast:auto"))
+    assert [(r.sampling.temperature, r.sampling.seed) for r in ar] == [(1.0, 2000), (1.0, 2001)]
+    assert [r.sampling.seed for r in auto] == [2000, 2001] and auto[0].draft_gate and ar[0].method == "ar"
+
+
+def test_aiperf_prompts_are_rendered_and_tokenized_as_the_server_does(tmp_path, embedded_hf):
+    import json
+
+    from perf.round_compare import aiperf_prompts
+    from runtime.serving.openai.app import render_chat
+
+    _, tokenizer = embedded_hf
+    chats = [[{"role": "user", "content": "Exit Page Aside"}], [{"role": "user", "content": "Enter Stanley"}]]
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps({"data": [{"session_id": f"s{i}", "payloads": [{"messages": m, "stream": True}]}
+                                         for i, m in enumerate(chats)]}))
+    ids = aiperf_prompts(tokenizer, str(path), 5)
+    first = tokenizer(render_chat(tokenizer, chats[0]), add_special_tokens=False)["input_ids"]
+    assert ids[0] == ids[2] == ids[4] == first and ids[1] == ids[3] != first  # repeated in order
+    bare = tokenizer("Exit Page Aside")["input_ids"]
+    assert tokenizer.decode(first).count("Exit Page Aside") == 1 and len(first) > len(bare)  # the template's turns
+    path.write_text(json.dumps({"records": []}))
+    with pytest.raises(SystemExit, match="not an AIPerf inputs.json"):
+        aiperf_prompts(tokenizer, str(path), 2)
