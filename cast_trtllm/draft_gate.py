@@ -35,13 +35,13 @@ longest at once while the table prices drafting far below AR: `LoadProbe`'s rule
 try can pay back: its extra cost (a drafted round over an AR round, plus the one-off context pass over the
 rows committed since the last draft, `once_ms`) must be at most `PROBE_GAIN` of the AR time left (`horizon`
 tokens); turning drafting on must win that pass back within the horizon too. A try accepting >= `PROMISING`
-of its forecast restarts the request's evidence from itself (the text changed). A new request inherits the
-engine's pooled evidence (`cast_trtllm.engine_evidence`) and backoff (up to `settled` tries), so arrivals pay
-no drafted warm-up; a gate with no evidence drafts its first `min_drafted` rounds. Alone, a new request whose
-inherited evidence says AR tries once in its first round (its text is new) where that costs at most
-PROBE_SHARE of its AR rounds left. AR rounds re-price every max(probe_every, batch) rounds (doubled like the
-waits) or once the correction faded by REPRICE; drafted ones unless the priced win, scaled by how far the
-typical masses shrank, still wins (`_clear_win`)."""
+of its forecast, where its evidence made that improbable, restarts it (`text_changed`: the text changed). A
+new request inherits the engine's pooled evidence (`cast_trtllm.engine_evidence`) and backoff (up to `settled`
+tries), so arrivals pay no drafted warm-up; a gate with no evidence drafts its first `min_drafted` rounds.
+Alone, a new request whose inherited evidence says AR tries once in its first round (its text is new) where
+that costs at most PROBE_SHARE of its AR rounds left. AR rounds re-price every max(probe_every, batch) rounds
+(doubled like the waits) or once the correction faded by REPRICE; drafted ones unless the priced win, scaled
+by how far the typical masses shrank, still wins (`_clear_win`)."""
 
 from __future__ import annotations
 
@@ -52,16 +52,13 @@ import numpy as np
 
 from cast_trtllm.arm_stats import ArmStats
 from cast_trtllm.engine_evidence import EngineEvidence, blend
-from cast_trtllm.probe_backoff import PROBE_SHARE, ProbeBackoff, try_cost_rounds, try_pays
+from cast_trtllm.probe_backoff import PROBE_SHARE, ProbeBackoff, text_changed, try_cost_rounds, try_pays
 
 if TYPE_CHECKING:
     from cast_trtllm.cost_model import OnlineCostModel
 
 
 REPRICE = 0.02  # an AR-playing gate re-prices once its correction has moved this much since its last pricing
-# a try of drafting that accepts at least this share of its forecast says the text has changed (random
-# words turned to code): the request's acceptance evidence restarts from it, so drafting comes back at once
-PROMISING = 0.5
 DOUBT = 1.0  # a drafting gate turns to AR only where drafting loses at its correction this many sds up
 
 
@@ -126,7 +123,7 @@ class DraftGate:
         cold = not self.inherited and self.speculate.rounds < (self.min_drafted if self.costs is not None else 1)
         probe = drafted and not self._best and not cold  # a try of drafting while AR was played
         pool, new_text = self.pool, probe and self.inherited and self.rounds == (0, 0)  # `_new_text_try_pays`'
-        if probe and expected is not None and committed - 1 >= PROMISING * (expected - 1) > 0:
+        if probe and expected is not None and text_changed(committed - 1, expected - 1, self.correction):
             self.realized = self.predicted = 0.0  # the text changed: what it accepted before says nothing now,
             self.pool = None  # nor does the engine's pool (alone: this request's old text); from here on as cold
         if drafted and expected is not None:

@@ -120,3 +120,28 @@ def test_pooled_masses_are_the_windows_mean_not_the_last_few_request_rounds():
     for _ in range(200):  # the texts did change: the pool follows within its window
         evidence.add(1, 1.5, MASSES / 4, 5, confirmed=0)
     assert evidence.masses.sum() < 0.3 * MASSES.sum()
+
+
+def test_one_lucky_token_in_a_try_does_not_restart_the_evidence_where_chance_gives_it_often():
+    """At T = 1 a try that accepts 1 token of the drafter's 1.7 forecast, where the request's evidence expects
+    ~0.2 (a ~20% chance), says nothing about a changed text: the evidence and the pool stay, and the gate keeps
+    AR. The same try where the evidence expects almost nothing (a text the head never got right) restarts it."""
+    from cast_trtllm.probe_backoff import text_changed
+
+    assert not text_changed(1, 1.7, 0.2) and not text_changed(1, 0.6, 0.2) and not text_changed(2, 1.9, 0.34)
+    assert text_changed(3, 2.7, 0.01) and text_changed(2, 1.7, 0.05) and text_changed(1, 1.7, 0.02)
+    assert not text_changed(0, 1.7, 0.0) and not text_changed(1, 3.0, 0.0)  # under PROMISING of the forecast
+    assert not text_changed(1, 0.0, 0.0)  # a try with no forecast
+    pool = EngineEvidence()
+    for i in range(50):  # the old text: 1 forecast token a round, a fifth of them accepted
+        pool.add(2 if i % 5 == 0 else 1, 2.0, MASSES, 5, confirmed=2)
+    for accepted, restarts in ((1, False), (3, True)):
+        gate = DraftGate(costs=_table(), probe_every=4)
+        gate.inherit(pool)
+        gate.realized, gate.predicted = 0.2, 4.0  # this request's own: 0.2 of 4 forecast tokens accepted
+        while not gate.draft_next():
+            gate.record(False, 1, 20.0)
+        before = gate.correction
+        assert 0.05 < before < 0.2 and not gate.best_is_speculate()  # AR: a try's 1 token is a 15-25% chance
+        gate.record(True, 1 + accepted, 30.0, expected=2.7, packed=5, masses=MASSES)  # the try: of 1.7 forecast
+        assert (gate.pool is None) == restarts and (gate.correction > 1.0) == restarts
