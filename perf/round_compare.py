@@ -113,6 +113,7 @@ def compare(engine, batch: list, c: int, specs: list[MethodSpec], repeats: int, 
 def aiperf_prompts(tokenizer, path: str, n: int) -> list[list[int]]:
     """n prompts (repeated in order) from an AIPerf artifact's inputs.json: each session's first chat
     payload, rendered with the chat template and tokenized as `serve --api openai` does."""
+    from runtime.llm.requests import tokenize
     from runtime.serving.openai.app import render_chat
 
     try:
@@ -123,7 +124,7 @@ def aiperf_prompts(tokenizer, path: str, n: int) -> list[list[int]]:
                          "of a run's artifact folder (perf/aiperf_run.sh OUT/c1-ar-r0/inputs.json)") from err
     if not chats:
         raise SystemExit(f"--aiperf-inputs {path} holds no sessions")
-    ids = [tokenizer(render_chat(tokenizer, m), add_special_tokens=False)["input_ids"] for m in chats]
+    ids = [tokenize(tokenizer, render_chat(tokenizer, m), add_special_tokens=False) for m in chats]
     return [ids[i % len(ids)] for i in range(n)]
 
 

@@ -67,8 +67,8 @@ def requests_for(spec: MethodSpec, prompts: Sequence[Sequence[int]], max_new: in
                  seed: int = 0) -> list[Request]:
     """One `ignore_eos` request per prompt, with the method's per-request overrides: greedy, or sampled at
     `temperature` with seed `seed` + the prompt's index."""
-    sampling = (lambda i: {}) if temperature == 0 else (
-        lambda i: {"sampling": SamplingParams(temperature=temperature, seed=seed + i)})
+    def sampling(i: int) -> dict:
+        return {"sampling": SamplingParams(temperature=temperature, seed=seed + i)} if temperature else {}
     return [Request(tuple(p), max_new, ignore_eos=True, **sampling(i), **spec.request_options())
             for i, p in enumerate(prompts)]
 

@@ -74,7 +74,7 @@ def test_aiperf_prompts_are_rendered_and_tokenized_as_the_server_does(tmp_path, 
     path.write_text(json.dumps({"data": [{"session_id": f"s{i}", "payloads": [{"messages": m, "stream": True}]}
                                          for i, m in enumerate(chats)]}))
     ids = aiperf_prompts(tokenizer, str(path), 5)
-    first = tokenizer(render_chat(tokenizer, chats[0]), add_special_tokens=False)["input_ids"]
+    first = tokenizer(render_chat(tokenizer, chats[0]), add_special_tokens=False)["input_ids"]  # as the server
     assert ids[0] == ids[2] == ids[4] == first and ids[1] == ids[3] != first  # repeated in order
     bare = tokenizer("Exit Page Aside")["input_ids"]
     assert tokenizer.decode(first).count("Exit Page Aside") == 1 and len(first) > len(bare)  # the template's turns
