@@ -3,7 +3,8 @@
 # AR, cast:3 and cast:auto as per-request `cast` options on ONE server, chat + streaming, synthetic
 # prompts, ignore_eos; the method order rotates per repeat at each concurrency. Issue 40.
 #
-#   perf/aiperf_run.sh OUT_DIR            (LEVELS="1 8 16" REQUESTS=16 PER_SLOT=4 ISL=100 OSL=32 REPEATS=2)
+#   perf/aiperf_run.sh OUT_DIR            (LEVELS="1 8 16" REQUESTS=16 PER_SLOT=4 ISL=100 OSL=32 REPEATS=2
+#                                          METHODS="ar cast3 auto")
 #
 # Each run sends max(REQUESTS, PER_SLOT x c) requests, so that at every level requests join as others
 # finish (continuous arrivals): at c = 16, 16 requests are one burst whose 16 prefills take half its
@@ -18,6 +19,7 @@
 set -euo pipefail
 OUT=${1:?usage: perf/aiperf_run.sh OUT_DIR}
 LEVELS=${LEVELS:-"1 8 16"}; REQUESTS=${REQUESTS:-16}; PER_SLOT=${PER_SLOT:-4}; ISL=${ISL:-100}; OSL=${OSL:-32}; REPEATS=${REPEATS:-2}
+read -r -a ORDER <<< "${METHODS:-ar cast3 auto}"
 VENV=${AIPERF_VENV:-$HOME/.cache/cast-trtllm/aiperf-venv}
 PY=${PYTHON:-python}
 if [ ! -x "$VENV/bin/aiperf" ]; then
@@ -25,7 +27,7 @@ if [ ! -x "$VENV/bin/aiperf" ]; then
 fi
 mkdir -p "$OUT"
 rm -f "$OUT/order.txt"
-echo "LEVELS=\"$LEVELS\" REQUESTS=$REQUESTS PER_SLOT=$PER_SLOT ISL=$ISL OSL=$OSL REPEATS=$REPEATS perf/aiperf_run.sh OUT (code \
+echo "LEVELS=\"$LEVELS\" REQUESTS=$REQUESTS PER_SLOT=$PER_SLOT ISL=$ISL OSL=$OSL REPEATS=$REPEATS METHODS=\"${ORDER[*]}\" perf/aiperf_run.sh OUT (code \
 $(git rev-parse --short HEAD 2>/dev/null || echo unknown), load average at start $(cut -d' ' -f1-3 /proc/loadavg))" \
   > "$OUT/command.txt"
 [ -f "$OUT/tokenizer/tokenizer_config.json" ] || "$PY" -c "
@@ -41,12 +43,14 @@ MODEL=$("$PY" -c "import json; print(json.load(open('$OUT/models.json'))['data']
 declare -A BODY=([ar]='{"cast": {"method": "ar"}, "ignore_eos": true}'
                  [cast3]='{"cast": {"method": "cast", "budget": 3}, "ignore_eos": true}'
                  [auto]='{"ignore_eos": true}')
-ORDER=(ar cast3 auto)
+for m in "${ORDER[@]}"; do
+  [ -n "${BODY[$m]+set}" ] || { echo "METHODS: unknown method '$m' (choose from: ${!BODY[*]})" >&2; exit 2; }
+done
 for c in $LEVELS; do
   n=$(( PER_SLOT * c > REQUESTS ? PER_SLOT * c : REQUESTS ))
   for r in $(seq 0 $((REPEATS - 1))); do
-    for i in 0 1 2; do
-      m=${ORDER[$(( (i + r) % 3 ))]}
+    for i in "${!ORDER[@]}"; do
+      m=${ORDER[$(( (i + r) % ${#ORDER[@]} ))]}
       echo "c=$c repeat $r $m" >&2
       env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE "$VENV/bin/aiperf" profile --model "$MODEL" \
         --url "http://127.0.0.1:$PORT" --endpoint-type chat --streaming --concurrency "$c" \
