@@ -12,7 +12,7 @@ means over runs and the paired tokens/s ratio (second method over first). Method
         --aiperf-inputs OUT/c1-ar-r0/inputs.json --max-new-tokens 24 --repeats 8
 
 replays a `perf/aiperf_run.sh` run's load in process: its chat prompts as the server renders them, sampled at
-T = 1 (what the server does for AIPerf, which sends no temperature), max(16, 4 x c) requests joining as others finish.
+T = 1 (what the server does for AIPerf, which sends no temperature), max(16, 8 x c) requests joining as others finish.
 Through the server, AIPerf shares the 2 cores and one run moves 5-10%; here the engine's own cost shows.
 """
 
@@ -138,17 +138,21 @@ def main(argv=None) -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
     ap.add_argument("--aiperf-inputs", metavar="JSON", help="instead of the cell's prompts: the chat prompts of an "
                     "AIPerf run (its artifact folder's inputs.json), rendered and tokenized as the server does; "
-                    "max(16, 4 x --concurrency) requests (as perf/aiperf_run.sh sends), joining as others finish "
+                    "max(16, --per-slot x --concurrency) requests (as perf/aiperf_run.sh sends), joining as others finish "
                     "(with --temperature 1: the server's load without HTTP)")
+    ap.add_argument("--per-slot", type=int, default=8, help="with --aiperf-inputs: requests per concurrency slot "
+                    "(perf/aiperf_run.sh's PER_SLOT)")
     args = ap.parse_args(argv)
     specs = [method(m) for m in args.methods.split(",")]
     if len(specs) != 2 or args.repeats < 2:
         raise SystemExit("--methods names two methods and --repeats is >= 2 (the ratio is paired by repeat)")
+    if args.per_slot < 1:
+        raise SystemExit(f"--per-slot is >= 1 request per concurrency slot, got {args.per_slot}")
     from runtime.engine.build import build_engine
 
     built = build_engine()
     if args.aiperf_inputs:
-        n = max(16, 4 * args.concurrency)
+        n = max(16, args.per_slot * args.concurrency)
         batch, c = aiperf_prompts(built.models.tokenizer, args.aiperf_inputs, n), args.concurrency
     else:
         batch, c = cell_prompts(built.encode, f"c{args.concurrency}:{args.mode}", 8)
