@@ -81,3 +81,10 @@ def test_aiperf_prompts_are_rendered_and_tokenized_as_the_server_does(tmp_path, 
     path.write_text(json.dumps({"records": []}))
     with pytest.raises(SystemExit, match="not an AIPerf inputs.json"):
         aiperf_prompts(tokenizer, str(path), 2)
+
+
+def test_a_replay_needs_at_least_one_request_per_concurrency_slot():
+    from perf.round_compare import main
+
+    with pytest.raises(SystemExit, match="--per-slot is >= 1"):
+        main(["--methods", "ar,cast:auto", "--per-slot", "0", "--aiperf-inputs", "unused.json"])
