@@ -9,8 +9,9 @@
 # Each run sends max(REQUESTS, PER_SLOT x c) requests, so that at every level requests join as others
 # finish (continuous arrivals): at c = 16, 16 requests are one burst whose 16 prefills take half its
 # time. Runs are short and this client shares the server's cores: at c = 8, 32 requests x 3 repeats
-# (runs of ~15 s, 2-core CPU) moved 10% apart and read auto 0.92x AR; 64 x 5 read 1.01x (paired 1.012). After each run the server's /metrics is kept in the run's folder: `perf/aiperf_summary.py`
-# reads from the counters' steps how often each run drafted.
+# (runs of ~15 s, 2-core CPU) moved 10% apart and read auto 0.92x AR; 64 x 5 read 1.01x (paired 1.012).
+# After each run the server's /metrics is kept in the run's folder: `perf/aiperf_summary.py` reads from
+# the counters' steps how often each run drafted.
 #
 # AIPerf lives in its own virtual environment ($AIPERF_VENV, made here on first use): it is a
 # benchmark client, never a dependency of the runtime. It needs a tokenizer folder (the embedded

@@ -138,8 +138,8 @@ def main(argv=None) -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
     ap.add_argument("--aiperf-inputs", metavar="JSON", help="instead of the cell's prompts: the chat prompts of an "
                     "AIPerf run (its artifact folder's inputs.json), rendered and tokenized as the server does; "
-                    "max(16, --per-slot x --concurrency) requests (as perf/aiperf_run.sh sends), joining as others finish "
-                    "(with --temperature 1: the server's load without HTTP)")
+                    "max(16, --per-slot x --concurrency) requests (as perf/aiperf_run.sh sends), joining as others "
+                    "finish (with --temperature 1: the server's load without HTTP)")
     ap.add_argument("--per-slot", type=int, default=8, help="with --aiperf-inputs: requests per concurrency slot "
                     "(perf/aiperf_run.sh's PER_SLOT)")
     args = ap.parse_args(argv)
