@@ -256,7 +256,8 @@ class LLMEngine:
         drafts_now = {id(s) for s in drafting}
         where = [b for b, seq in enumerate(batch) if id(seq) in drafts_now]  # drafting's rows of the batch
         if self.device_trees:
-            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads, batch=B, depths=depths)
+            chosen, size, chosen_masses = device_trees(*args, read=self.host_reads, batch=B, depths=depths, predicted=[
+                s.masses if s.gate is None else s.gate.masses for s in drafting])  # auto: one read a round
             trees, tree_batch = None, chosen.scatter(upload(where, ids.device), B)
         else:
             chosen, chosen_masses = choose_trees(*args, batch=B, depths=depths)

@@ -39,7 +39,10 @@ def runner_round(engine, batch: Sequence, trees: list[Tree] | None, tree_batch: 
     extra = [] if trees is not None else [tree_batch.tokens, tree_batch.parent, tree_batch.depth,
                                           tree_batch.score.view(torch.int64)]
     engine.host_reads.count += 1
-    read, tree_arrays = target.runner.read(bucket, len(batch), extra)
+    riders = engine.host_reads.take()  # auto's candidate scores (`device_trees`), in the same copy
+    read, tree_arrays = target.runner.read(bucket, len(batch), extra + riders)
+    engine.host_reads.land(tree_arrays[len(extra):])
+    tree_arrays = tree_arrays[:len(extra)]
     if trees is None:
         tokens, parent, depth, score = tree_arrays
         trees = tree_batch.to_host({"tokens": tokens, "parent": parent, "depth": depth,

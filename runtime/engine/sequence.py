@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from cast_trtllm.draft_gate import DraftGate
@@ -94,6 +95,7 @@ class Sequence:
     round_ms: list[float] = field(default_factory=list)
     accepted: float = 0.0  # accepted (non-root) tokens of drafted auto rounds
     forecast: float = 0.0  # their forecast: sum of the chosen trees' calibrated node masses
+    masses: np.ndarray | None = None  # an auto request's last whole drafted round's masses, as drafted
     timings: Timings = field(default_factory=Timings)
     finish_reason: str | None = None
     error: str | None = None

@@ -27,14 +27,44 @@ from runtime.device_trees import TreeBatch, greedy_accept
 
 
 class HostReads:
-    """Counts the round's device -> host reads that go through it (tests assert one per round)."""
+    """Counts the round's device -> host reads that go through it (tests assert one per round).
+    A tensor the host needs only after the round (auto's candidate scores, for its gates) rides the
+    round's one read (`ride`): once it lands, `then` gets it as a host array."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.riders: list[tuple[torch.Tensor, Callable[[np.ndarray], None]]] = []  # (8-byte tensor, then)
+
+    def ride(self, tensor: torch.Tensor, then: Callable[[np.ndarray], None]) -> None:
+        """Read `tensor` with the round's read; then(its host array)."""
+        if tensor.dtype not in NUMPY_8:
+            raise ValueError(f"a rider packs into an int64 read: need int64 or float64, got {tensor.dtype}")
+        self.riders.append((tensor, then))
+
+    def take(self) -> list[torch.Tensor]:
+        """The riders as int64 views for a read that packs them after its own data (then `land`)."""
+        return [t.contiguous().view(torch.int64) for t, _ in self.riders]
+
+    def land(self, arrays: list[np.ndarray]) -> None:
+        """The riders' int64 arrays as read: each to its `then`, in its own dtype and shape."""
+        riders, self.riders = self.riders, []
+        for (tensor, then), array in zip(riders, arrays):
+            then(np.asarray(array).view(NUMPY_8[tensor.dtype]).reshape(tuple(tensor.shape)))
 
     def __call__(self, tensor: torch.Tensor) -> np.ndarray:
         self.count += 1
-        return tensor.cpu().numpy()
+        if not self.riders:
+            return tensor.cpu().numpy()
+        if tensor.dtype not in NUMPY_8:
+            raise ValueError(f"riders pack as int64 after the read: need an 8-byte dtype, got {tensor.dtype}")
+        riders, own = self.take(), tensor.contiguous().view(torch.int64)
+        flat = torch.cat([own.reshape(-1)] + [r.reshape(-1) for r in riders]).cpu().numpy()
+        parts = np.split(flat, np.cumsum([own.numel()] + [r.numel() for r in riders])[:-1])
+        self.land(parts[1:])
+        return parts[0].view(NUMPY_8[tensor.dtype]).reshape(tuple(tensor.shape))
+
+
+NUMPY_8 = {torch.int64: np.int64, torch.float64: np.float64}  # what packs into an int64 read
 
 
 def host_walk(seq, tree: Tree, logits: torch.Tensor) -> Acceptance:

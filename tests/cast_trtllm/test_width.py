@@ -248,3 +248,16 @@ def test_a_profile_policy_spreads_a_partial_rounds_budget_over_the_drafting_requ
     assert committed / choice.predicted_tokens_per_ms == pytest.approx(verify + drafter)
     with pytest.raises(ValueError, match="5 drafting requests in a round of 4"):
         batched.choose(pooled, batch=4, drafting=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-4, 1.0), min_size=1, max_size=60), st.integers(1, 4),
+       st.lists(st.floats(1.0, 100.0), min_size=6, max_size=6), st.floats(0.0, 20.0))
+def test_the_table_rules_best_budget_fills_its_bucket(masses, spread, ms, fixed):
+    """Inside a bucket the pass costs the same and every node adds mass, so the best budget is the
+    bucket's widest one (spread requests x (bucket - 1) nodes), unless the masses or n_max run out
+    first: what a round's own masses can change is only the bucket (`runtime.engine.trees._ahead`)."""
+    buckets = (1, 2, 4, 8, 16, 32)
+    rho = np.sort(np.array(masses))[::-1]
+    budget, bucket = table_rule_width(rho, buckets, np.sort(ms), fixed, None, spread, spread)
+    assert budget == min(spread * (bucket - 1), len(rho))

@@ -153,3 +153,42 @@ def test_depth_caps_trim_every_method_alike_on_host_and_device(seed):
         assert device.tokens[b, :sizes[b]].tolist() == tree.tokens.tolist()
     uncapped, _ = choose_trees(*args, ids, lp, SpecConfig(), lambda prefix: MeanBudget(4), [1.0] * B)
     assert uncapped[0].size == L and uncapped[1].depth.max() > 1  # the caps, not the drafts, trimmed them
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("rule", [PricedRule(12, 4), MassRule(0.3)], ids=["priced", "mass"])
+def test_sized_ahead_on_the_rounds_own_masses_picks_what_reading_them_picks_and_reads_nothing_itself(seed, rule):
+    """`trees._ahead` runs the same rule on predicted masses before the round: handed this round's own
+    masses it sizes every tree as the mid-round read does, with depth caps, reads nothing itself, and the
+    masses it hands back land with the round's read, equal to the read path's. (Not `MeanBudget`: masses
+    are kept to a request's share of the budget, so a split on them cannot give one request more than it.)"""
+    from runtime.engine.walks import HostReads
+
+    ids, lp = (torch.from_numpy(a) for a in marginals(seed))
+    args = (["cast"] * B, ["auto"] * B, [10] * B)
+    depths = [L, 2, L, 1]
+    read_tree, read_sizes, read_masses = device_trees(*args, ids, lp, SpecConfig(), lambda prefix: rule, [1.0] * B,
+                                                      lambda t: t.cpu().numpy(), depths=depths)
+    reads = HostReads()
+    tree, sizes, masses = device_trees(*args, ids, lp, SpecConfig(), lambda prefix: rule, [1.0] * B, reads,
+                                       depths=depths, predicted=read_masses)
+    assert sizes == read_sizes and reads.count == 0 and len(reads.riders) == 1
+    assert torch.equal(tree.score, read_tree.score) and torch.equal(tree.tokens, read_tree.tokens)
+    assert all(not m.any() for m in masses)  # not landed yet
+    reads(torch.zeros(3, dtype=torch.int64))  # the round's one read
+    assert reads.count == 1 and reads.riders == []
+    for got, want in zip(masses, read_masses):
+        np.testing.assert_allclose(got, want)
+
+
+def test_a_rider_lands_with_the_read_in_its_own_dtype_and_shape():
+    from runtime.engine.walks import HostReads
+
+    reads, got = HostReads(), []
+    scores = torch.tensor([[0.0, -1.5], [-torch.inf, 2.25]], dtype=torch.float64)
+    reads.ride(scores, got.append)
+    out = reads(torch.arange(5))
+    assert reads.count == 1 and out.tolist() == list(range(5)) and out.dtype == np.int64
+    assert len(got) == 1 and got[0].dtype == np.float64 and np.array_equal(got[0], scores.numpy())
+    with pytest.raises(ValueError, match="int64 or float64"):
+        reads.ride(torch.zeros(2, dtype=torch.float32), got.append)

@@ -282,3 +282,26 @@ def test_captured_rounds_equal_eager_rounds_on_cuda():
                                                            for p in ids])])
         assert all(b.graph is not None for b in runner.runner.buckets.values()) == graphs
     assert outs[0] == outs[1] == [a.token_ids[:30] for a in ar]
+
+
+def test_auto_sized_ahead_rides_the_runners_one_read(target, reference):
+    """cast:auto through the model runner (no gate here: each request's own last masses predict its next):
+    once every request drafted a whole tree, its trees are sized before the round (`trees._ahead`) and its
+    candidates' scores ride the runner's one read, so the engine reads nothing else mid-round; the masses its
+    rounds record are this round's (each tree is their head); greedy output equals AR's."""
+    ids, ar, conts = reference
+    engine, runner = runner_engine(target, conts, "cast", "auto")
+    seqs = [engine.add_request(Request(ids[k], 40, budget="auto", ignore_eos=True)) for k in range(4)]
+    ahead = 0
+    while engine.active:
+        before = (runner.runner.reads, engine.host_reads.count)
+        sized = all(not s.prefilling and s.masses is not None for s in engine.active)
+        engine.step()
+        if sized and any(s.drafted[-1] for s in seqs if s.drafted):
+            ahead += 1
+            assert (runner.runner.reads - before[0], engine.host_reads.count - before[1]) == (1, 1)
+            for s in seqs:
+                if s.drafted[-1] and s.masses is not None and s.budgets[-1]:
+                    assert s.budgets[-1] <= len(s.masses) and s.masses[0] > 0
+    assert ahead >= 5
+    assert [s.tokens for s in seqs] == [r.token_ids[:40] for r in ar[:4]]

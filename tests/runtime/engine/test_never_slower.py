@@ -208,3 +208,36 @@ def test_under_load_a_vetoed_batch_drafts_only_the_probes_tries_until_one_confir
     while engine.active:
         engine.step()
     assert all(s.tokens == ar_tokens(s.request.prompt_ids, 40) for s in seqs)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_auto_on_device_trees_is_sized_ahead_and_reads_the_device_once_a_round(embedded, head, ar_tokens, batch,
+                                                                                 monkeypatch):
+    """What a GPU engine runs (trees built on the device; forced here on the CPU, with the FAKE flat table of
+    an accelerator): once every request's gate holds predicted masses, auto's trees are sized before the
+    round (`trees._ahead`), so a drafted round reads the device once, not also mid-round for its candidates'
+    scores. Its gates still get this round's masses as drafted (they ride that read): each tree is their
+    head. Greedy output equals AR's."""
+    import runtime.engine.engine as engine_module
+    from tests.runtime.engine.test_host_reads import host_reads
+
+    engine = _engine(embedded, head, FLAT_TABLE)
+    engine.device_trees = True
+    seen, account = [], engine_module.account
+    monkeypatch.setattr(engine_module, "account", lambda e, b, trees, masses, *rest: (
+        seen.append([(t, m) for t, m in zip(trees, masses) if m is not None]), account(e, b, trees, masses, *rest)))
+    seqs = [engine.add_request(Request(_ids(embedded, text), 24, ignore_eos=True)) for text in CODES[:batch]]
+    ahead = 0
+    while engine.active:
+        ready = all(not s.prefilling and s.gate.masses is not None for s in engine.active)
+        seen.clear()
+        with host_reads(engine) as (reads, others):
+            engine.step()
+        if ready and seen[-1]:  # a drafted auto round, every request sized on its gate's masses
+            ahead += 1
+            assert reads[0] == 1 and others == [], (reads, others)
+            for tree, masses in seen[-1]:
+                assert tree.size <= len(masses) and np.allclose(masses[:tree.size], np.exp(tree.score))
+                assert np.all(np.diff(masses) <= 1e-12) and masses[0] > 0
+    assert ahead >= 4
+    assert [s.tokens for s in seqs] == [ar_tokens(s.request.prompt_ids, 24) for s in seqs]
