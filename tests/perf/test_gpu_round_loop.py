@@ -22,6 +22,7 @@ def test_tiny_round_loop_reports_every_method_and_acceptance_follows_the_rate():
     assert rows[("chain", 0.0)]["mean_R"] > 4 > rows[("chain", 0.6)]["mean_R"]  # acceptance follows the rate
     assert rows[("cast:15", 0.6)]["mean_R"] > rows[("chain", 0.6)]["mean_R"]  # the tree finds ranks below 1
     assert all(0 <= r["split"]["host"] < 1 for r in rows.values())
+    assert all(0 < r["host_reads_per_round"] <= 1 for r in rows.values())  # a prefill-only round reads none
 
 
 def test_random_target_keeps_its_greedy_continuation_in_bf16_whatever_the_pass_shape():
