@@ -45,7 +45,8 @@ def account(engine, batch: list[Sequence], trees: list[Tree], masses: list, draf
         if mass is not None:  # a drafted auto round: how its forecast compares with what committed
             seq.forecast += expected - 1.0
             seq.accepted += seq.accept_lengths[-1] - 1
-            seq.masses = mass if id(seq) not in engine.capped else seq.masses  # a gateless one's forecast
+            if id(seq) not in engine.capped:  # a whole tree's: what a gateless request's next is sized on
+                seq.masses = mass
         t.verify_ms += verify_ms
         t.overhead_ms += overhead_ms
         t.decode_ms += verify_ms + overhead_ms

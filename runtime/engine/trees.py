@@ -172,7 +172,7 @@ def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: Wid
     masses, split by global best-first mass (Proposition 2), each capped at max_request_width and at
     the per-request width the rule priced. The rule prices the round as it runs: `batch` requests
     padded to the widest pack, the budget spread over the A drafting ones."""
-    limit = min(rule.max_budget * len(auto), spec.max_nodes(L) * len(auto))
+    limit = _limit(rule, spec, L, len(auto))
     scaled = []
     for j, b in enumerate(auto):
         masses[b] = np.exp(score[j][np.isfinite(score[j])][: limit // len(auto)])  # as drafted: a gate
@@ -183,6 +183,11 @@ def _auto_sizes(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: Wid
         _split(auto, score, depth, rule, spec, scaled, limit, sizes, batch)
     for b in auto:  # scale 0, a screen: one node, the cheapest verify that still reads acceptance
         sizes[b] = min(1, len(masses[b])) if scales[b] == 0 else sizes[b]
+
+
+def _limit(rule: WidthChooser, spec: SpecConfig, L: int, requests: int) -> int:
+    """The most nodes `requests` auto requests may share in a round (each hands back its share's masses)."""
+    return min(rule.max_budget * requests, spec.max_nodes(L) * requests)
 
 
 def _split(auto: list[int], score: np.ndarray, depth: np.ndarray, rule: WidthChooser, spec: SpecConfig,
@@ -217,10 +222,10 @@ def _ahead(auto: list[int], predicted: list[np.ndarray], score: torch.Tensor, de
         for j, m in enumerate(predicted):
             guess[j, :min(widest, len(m))] = np.log(m[:widest])
     _auto_sizes(auto, guess, np.zeros_like(guess), rule, spec, L, scales, sizes, [None] * len(sizes), batch)
-    share = min(rule.max_budget * len(auto), spec.max_nodes(L) * len(auto)) // len(auto)  # as `_auto_sizes`
+    share = _limit(rule, spec, L, len(auto)) // len(auto)  # the masses a request hands back (`_auto_sizes`)
     for b in auto:
-        sizes[b] = min(sizes[b], reachable(deep[b], K, widest))
-        masses[b] = np.zeros(min(share, reachable(deep[b], K, widest)))
+        held = reachable(deep[b], K, widest)
+        sizes[b], masses[b] = min(sizes[b], held), np.zeros(min(share, held))
 
     def landed(scores: np.ndarray) -> None:  # [A, widest] best first, as drafted
         for j, b in enumerate(auto):
