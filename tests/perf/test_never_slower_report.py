@@ -100,6 +100,25 @@ def test_a_cell_runs_every_method_interleaved_and_counts_outputs_equal_to_ar():
         assert row["paired_vs_ar"] == pytest.approx(ratios[1])
 
 
+def test_a_run_in_waves_serves_every_prompt_once_each_wave_all_at_once():
+    from perf.harness import MethodSpec
+    from perf.never_slower import serve_waves
+
+    from .conftest import tiny_session
+
+    engine = tiny_session().built.engine
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9], [10, 11, 12]]
+    served, joined = [], engine.add_request
+    engine.add_request = lambda req: served.append(len(engine.active)) or joined(req)  # live when each joins
+    try:
+        wall, seqs = serve_waves(engine, MethodSpec("ar"), prompts, 5, 2, waves=2)
+    finally:
+        del engine.add_request
+    assert wall > 0 and len(seqs) == 4 and served == [0, 1, 0, 1]  # a wave joins once the last one finished
+    _, whole = serve_waves(engine, MethodSpec("ar"), prompts, 5, 4)  # one wave of 4
+    assert sorted(s.tokens for s in seqs) == sorted(s.tokens for s in whole)  # the same requests, all served
+
+
 def test_cells_where_no_width_pays_get_the_floor_repeats():
     from perf.never_slower_bar import timed_repeats
 
