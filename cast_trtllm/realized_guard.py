@@ -12,8 +12,8 @@ This guard closes the loop on what the rounds did:
 - every round the gates chose to draft under load (not the load probe's tries: their cost is
   the probe's, bounded by `cast_trtllm.probe_backoff.PROBE_SHARE`) is compared with the AR
   rounds that would have committed the same tokens (at the fitted AR price of that batch);
-- where the last `window` drafted rounds took longer than AR for their tokens, by more than `doubt`
-  robust standard errors of that sum (or from `early` rounds on, `clear` times as long: the c = 16
+- where the last `window` drafted rounds took longer than AR for their tokens, by more than `tolerance` of
+  AR's ms and `doubt` robust standard errors of that sum (or from `early` rounds on, `clear` times as long: the c = 16
   rounds above took 1.6x), drafting is vetoed
   (`vetoed`): no gate drafts under load for `hold` rounds (doubling with each veto in a row:
   the probe's tries, priced by the same forecast, would re-open it at once; the probe tries nothing
@@ -37,6 +37,14 @@ error turns up by chance in almost every run (c = 4 continuous, 2-core CPU, wher
 vetoes in 7 of 8 runs, six of them at 1.0-1.2 errors, losses of 5-8% against an AR price read in other
 rounds). A loss the gates priced badly wrong is the `clear` rule's, from `early` rounds on.
 
+Why the tolerance: the AR side of the comparison is a price (the table's cell x `fit`, read on AR rounds that
+are rare while drafting wins, often minutes earlier), and its error is shared by every round of the window, so
+no number of rounds averages it away. Issue 40's bar counts auto at 0.98x AR as level; a veto for a smaller
+loss holds the batch on AR for 16 rounds or more where widths pay. (c = 4, synthetic + GSM8K, 48 tokens, 2-core
+CPU, 8 repeats a cell: with no tolerance auto drafted 64-97% of request-rounds a run, late arrivals parked on AR
+by a veto while their gates priced drafting at 1.2-1.5x AR, and read 0.963 of cast:3 paired by repeat, continuous,
+and 0.979 all at once; with 2%, 76-98%: 0.986 and 0.995.)
+
 Alone (batch 1) a request's own gate prices its arms, so the guard reads batches > 1 only.
 Pure Python; the engine calls `observe` and `expire` after each round, `lift` after a probe of all.
 """
@@ -59,6 +67,8 @@ class RealizedGuard:
     early: int = 6  # from this many drafted rounds, a clear loss vetoes before the window is full
     clear: float = 1.4  # a clear loss: the rounds took this many times AR's ms for their tokens
     doubt: float = 2.0  # a full window vetoes where its loss exceeds this many (robust) standard errors
+    # ... and `tolerance` of its AR ms: a loss the bar of issue 40 counts as level with AR (0.98x) is no loss
+    tolerance: float = 0.02
     alpha: float = 0.2  # EWMA weight of the newest AR round in `fit`
     fit: float = 0.0  # measured / table-priced ms of AR rounds (0: none read yet)
     hold: int = 16  # rounds under load a first veto holds before a probe may lift it (doubling in a row)
@@ -71,9 +81,10 @@ class RealizedGuard:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError(f"RealizedGuard.window must be >= 1 drafted round, got {self.window}")
-        if not 1 <= self.early <= self.window or self.clear < 1 or self.hold < 0 or self.doubt < 0:
-            raise ValueError(f"RealizedGuard: early must be in [1, window], clear >= 1, hold >= 0 and doubt >= 0, "
-                             f"got early {self.early}, clear {self.clear}, hold {self.hold}, doubt {self.doubt}")
+        if not 1 <= self.early <= self.window or self.clear < 1 or self.hold < 0 or self.doubt < 0 or self.tolerance < 0:
+            raise ValueError(f"RealizedGuard: early must be in [1, window], clear >= 1, hold >= 0, doubt >= 0 and "
+                             f"tolerance >= 0, got early {self.early}, clear {self.clear}, hold {self.hold}, doubt "
+                             f"{self.doubt}, tolerance {self.tolerance}")
         if not 0 < self.alpha <= 1:
             raise ValueError(f"RealizedGuard.alpha must be in (0, 1], got {self.alpha}")
         self._rounds = deque(maxlen=self.window)
@@ -101,7 +112,7 @@ class RealizedGuard:
             return False
         spent, ar = self._sums()
         full = len(self._rounds) == self.window
-        self.vetoed = spent > (ar + self.doubt * self._error() if full else self.clear * ar)
+        self.vetoed = spent > (ar * (1 + self.tolerance) + self.doubt * self._error() if full else self.clear * ar)
         if self.vetoed:
             self._rounds.clear()
             self._holders, self._held, self.vetoes = tuple(members), 0, self.vetoes + 1

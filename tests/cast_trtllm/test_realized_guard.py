@@ -48,7 +48,7 @@ def test_the_verdict_reads_the_window_as_a_whole():
 
 
 @pytest.mark.parametrize("kwargs", [dict(window=0), dict(alpha=0.0), dict(alpha=1.5), dict(early=0),
-                                    dict(window=4, early=5), dict(clear=0.9), dict(hold=-1)])
+                                    dict(window=4, early=5), dict(clear=0.9), dict(hold=-1), dict(tolerance=-0.01)])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="RealizedGuard"):
         RealizedGuard(**kwargs)
@@ -148,5 +148,17 @@ def test_a_window_judged_every_round_vetoes_past_two_of_its_errors_not_one():
         return [guard.observe(True, 4, c, w, 10.0) for c, w in zip(COMMITS, walls)][-1]
 
     assert not full_window(RealizedGuard(), 2.22)
-    assert full_window(RealizedGuard(doubt=1.0), 2.22)  # the rule before
+    assert full_window(RealizedGuard(doubt=1.0, tolerance=0.0), 2.22)  # the rule before
     assert full_window(RealizedGuard(), 4.63)
+
+
+def test_a_full_window_within_the_bars_two_percent_of_ar_does_not_veto_a_steady_loss_past_it_does():
+    """The AR side is a price whose error every round of the window shares (issue 40's bar counts 0.98x AR as
+    level): rounds 1.5% over AR's ms, round after round, are no measured loss; 3% over are."""
+    def window(guard, over):
+        guard.observe(False, 4, 4, 10.0, 10.0)  # fit 1
+        return [guard.observe(True, 4, c, over * 2.5 * c, 10.0) for c in COMMITS]
+
+    assert window(RealizedGuard(), 1.015) == [False] * 16
+    assert window(RealizedGuard(tolerance=0.0), 1.015) == [False] * 15 + [True]  # the rule before
+    assert window(RealizedGuard(), 1.03) == [False] * 15 + [True]
