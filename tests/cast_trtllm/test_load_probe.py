@@ -218,10 +218,9 @@ def test_a_screen_prices_one_node_for_its_few_and_their_draft_pass():
 
 
 def test_a_promising_screen_tries_them_all_only_where_the_priced_gain_repays_that_probe():
-    """Screened masses priced 8% above AR (8 x 3.78 tokens in 60 + 10 ms against 8 in 20 ms): a probe
-    of all 8 costs 50 ms more than an AR round plus their context pass, 400 ms; the 7.4% of AR time it
-    saves over 40 rounds (59 ms) cannot repay it, over 1,000 rounds (1.5 s) it can. Without a horizon
-    (unbounded) it is tried."""
+    """Screened masses priced 8% above AR (8 x 3.78 tokens in 60 + 10 ms against 8 in 20 ms): the 7.4% of
+    AR time a try of all 8 saves over 40 rounds (59 ms) cannot repay their context pass, 400 ms; over 1,000
+    rounds (1.5 s) it can. Without a horizon (unbounded) it is tried."""
     fresh = [np.array([0.97, 0.93, 0.88])]
     for horizon, full in ((40, False), (1000, True), (None, True)):
         probe = LoadProbe(_table(60.0), every=4)
@@ -229,6 +228,20 @@ def test_a_promising_screen_tries_them_all_only_where_the_priced_gain_repays_tha
         assert 1.0 < rate / ar < 1.1
         assert probe.screened(fresh, 8, once_ms=400.0, horizon=horizon) is full
         assert probe.interval == (4 if full else 8)  # a screen that does not lead on confirmed AR
+
+
+def test_a_try_of_all_is_priced_by_the_tokens_its_rounds_commit_not_as_pure_cost_over_ar():
+    """c = 4 continuous: pricing a try's 4 rounds as pure cost over AR turned down screens priced at 1.4x AR,
+    and new arrivals played AR to the end where cast:3 won. Screened masses priced 1.65x AR (8 requests,
+    trees 60 + 4 ms against a 20 ms AR round): the try's rounds commit more than AR would in their ms, so
+    with 30 rounds left the gain (0.25 x 29 x 20 ms = 145 ms) need only repay the 40 ms context pass (as
+    pure cost, 4 x 44 ms more would be out of reach); with 8 rounds left (35 ms) it cannot."""
+    fresh = [np.array([0.97, 0.93, 0.88, 0.8, 0.7])]
+    for horizon, full in ((30, True), (8, False)):
+        probe = LoadProbe(_table(60.0, draft_ms=4.0), every=4)
+        rate, ar = probe.costs.best_rate(np.repeat(fresh[0], 8), 8), probe.costs.ar_rate(8)
+        assert rate / ar > 1.25 and probe._probe_ms(8, None) - probe.costs.round_ms(1, 8, drafted=False) == 44.0
+        assert probe.screened(fresh, 8, once_ms=40.0, horizon=horizon) is full
 
 
 def test_a_probe_counts_only_the_rounds_after_its_own_towards_its_gain():
