@@ -38,14 +38,19 @@ def test_a_report_names_the_commit_it_measured():
     assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", version) and version.startswith(head)
 
 
-def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_within_noise_where_one_does():
+def test_the_bar_is_098_of_ar_where_no_width_pays_and_the_static_width_where_one_does_or_within_noise_of_them():
     from perf.never_slower_bar import verdict
 
     def rows(static, auto, static_runs=(10.0, 10.2, 9.9, 10.1), auto_runs=(9.9, 10.3, 9.8, 10.1)):
         return {"cast:3": {"vs_ar": static, "runs_tokens_per_s": list(static_runs)},
                 "cast:auto": {"vs_ar": auto, "runs_tokens_per_s": list(auto_runs)}}
     assert verdict(rows(0.80, 0.98)) == "meets" and verdict(rows(0.80, 0.97)) == "MISS"
-    assert verdict(rows(1.00, 0.975, auto_runs=(20, 5, 10, 10))) == "MISS"  # no width pays: noise excuses nothing
+    assert verdict(rows(1.00, 0.975, auto_runs=(20, 5, 10, 10))) == "MISS"  # no width pays, AR's runs unknown
+    ar_runs = {"ar": {"vs_ar": 1.0, "runs_tokens_per_s": [10.0, 10.4, 9.8, 10.0]}}
+    lucky = rows(0.80, 0.96, auto_runs=(9.95, 10.0, 9.9, 10.1)) | ar_runs  # AR's one lucky run sets the best
+    assert verdict(lucky) == "within noise"  # paired 0.996: what identical work reads
+    behind = rows(0.80, 0.96, auto_runs=(9.7, 10.0, 9.5, 9.7)) | ar_runs  # 3% under AR in every repeat
+    assert verdict(behind) == "MISS"
     assert verdict(rows(1.30, 1.31)) == "meets"
     assert verdict(rows(1.30, 1.29)) == "within noise"  # paired by repeat, 0.25% under cast:3
     steady = [x * 0.99 for x in (10.0, 10.2, 9.9, 10.1)]  # 1% under in every repeat: what A/A runs read
