@@ -36,7 +36,7 @@ import numpy as np
 from perf.aiperf_summary import pair_text, share_text
 from perf.datasets import load_dataset
 from perf.harness import MethodSpec
-from perf.never_slower_bar import AA_MARGIN, paired, timed_repeats, verdict
+from perf.never_slower_bar import AA_MARGIN, paired, reference, timed_repeats, verdict
 from perf.report import machine_info
 from perf.throughput import serve_method
 
@@ -245,7 +245,7 @@ def page(report: dict) -> str:
     for cl in report["cells"]:
         r = cl["rows"]
         ar, c3, au = r["ar"], r["cast:3"], r["cast:auto"]
-        pair = paired(au["runs_tokens_per_s"], (ar if c3["vs_ar"] <= 1.0 else c3)["runs_tokens_per_s"])
+        pair = paired(au["runs_tokens_per_s"], reference(r)["runs_tokens_per_s"])
         over_static = f"{pair[0]:.3f} (<= {pair[1]:.3f})" if pair else "-"
         medians = f"{c3['paired_vs_ar']:.2f} / {au['paired_vs_ar']:.2f}" if "paired_vs_ar" in au else "-"
         lines.append(f"| {cl['part']} | {cl['workload']} | {cl['concurrency']} | {ar['tokens_per_s']:.1f} | "
