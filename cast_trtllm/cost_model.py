@@ -47,8 +47,8 @@ from cast_trtllm.cost_curve import fill_curve
 from cast_trtllm import cost_model_file
 from cast_trtllm.json_fields import ascending_ints, milliseconds, milliseconds_list
 from cast_trtllm.machine_speed import MachineSpeed
-from cast_trtllm.width import (WidthChoice, check_batch, check_masses, check_policy, checked_table_width, drafting_of,
-                               width_choice)
+from cast_trtllm.width import (WidthChoice, best_budget, check_batch, check_masses, check_policy, drafting_of,
+                               round_costs, width_choice)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_MS = 1e-3  # a filled cell is never cheaper than this
@@ -83,6 +83,9 @@ class OnlineCostModel:
     tables: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)  # verify_ms cache
     drafts: dict[int, float] = field(default_factory=dict, init=False, repr=False)  # draft_ms cache
     rates: dict[tuple, float] = field(default_factory=dict, init=False, repr=False)  # best_rate cache
+    # (batch, drafting) -> the table rule's round ms per budget and its buckets (`width.round_costs`): a round
+    # prices 3-5 trees on masses that change every round (gates, the shared budget, the load probe), on one table
+    budget_ms: dict[tuple[int, int], tuple] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.buckets = ascending_ints(tuple(self.buckets), "OnlineCostModel.buckets")
@@ -127,7 +130,8 @@ class OnlineCostModel:
 
     def _moved(self, tables: bool) -> None:
         """What the tables read moved: drop the caches that read it (verify tables only where `tables`)."""
-        for cache in (self.tables, self.drafts, self.rates) if tables else (self.drafts, self.rates):
+        kept = (self.drafts, self.rates, self.budget_ms)  # the draft cost moved: what prices a drafted round
+        for cache in (self.tables, *kept) if tables else kept:
             cache.clear()
 
     def _push(self, readings: list[float], ms: float) -> bool:
@@ -234,7 +238,9 @@ class OnlineCostModel:
         """`choose` at the stored readings' speed (the argmax does not depend on it)."""
         rho, spread = check_masses(masses_desc) ** self.mass_exponent, drafting_of(drafting, batch)
         ms, fixed, hi = self._stored(batch), self._stored_draft(spread), spread * self.max_budget
-        budget, bucket = checked_table_width(rho, self.buckets, ms, fixed, hi, batch, spread)
+        if (batch, spread) not in self.budget_ms:
+            self.budget_ms[batch, spread] = round_costs(self.buckets, ms, fixed, hi, spread)
+        budget, bucket = best_budget(rho, *self.budget_ms[batch, spread], self.buckets, batch)
         if explore:
             self.chooses += 1
             if self.chooses % self.probe_every == 0:

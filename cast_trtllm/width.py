@@ -72,17 +72,25 @@ def table_rule_width(masses_desc: np.ndarray, buckets_n: np.ndarray, bucket_ms: 
     spread = drafting_of(drafting, batch)
     if fixed_ms < 0:
         raise ValueError(f"fixed_ms must be >= 0, got {fixed_ms}")
-    return checked_table_width(rho, buckets, ms, fixed_ms, n_max, batch, spread)
+    return best_budget(rho, *round_costs(buckets, ms, fixed_ms, n_max, spread), buckets, batch)
 
 
-def checked_table_width(rho: np.ndarray, buckets, ms: np.ndarray, fixed_ms: float, n_max: int | None, batch: int,
-                        spread: int) -> tuple[int, int]:
-    """`table_rule_width` on inputs its caller has checked (the cost model: its own table, masses checked once)."""
-    budgets = np.arange(_budget_limit(min(len(rho), spread * (int(buckets[-1]) - 1)), n_max) + 1)  # [C]
-    slot = bucket_slot(buckets, budgets, spread)                         # [C] bucket index
-    committed = batch + np.concatenate([[0.0], np.cumsum(rho)])[budgets]
-    best = int(np.argmax(committed / (fixed_ms + ms[slot])))
-    return int(budgets[best]), int(buckets[slot[best]])
+def round_costs(buckets, ms: np.ndarray, fixed_ms: float, n_max: int | None,
+                spread: int) -> tuple[np.ndarray, np.ndarray]:
+    """The table rule's denominators: [C + 1] ms of a round packing budgets 0..C over `spread` requests'
+    packs (C: n_max, at most what the widest bucket holds) and each budget's bucket index. They depend on
+    the table alone, not on the masses: the cost model keeps them until its table moves."""
+    budgets = np.arange(_budget_limit(spread * (int(buckets[-1]) - 1), n_max) + 1)  # [C + 1]
+    slot = bucket_slot(buckets, budgets, spread)  # [C + 1] bucket index
+    return fixed_ms + ms[slot], slot
+
+
+def best_budget(rho: np.ndarray, round_ms: np.ndarray, slot: np.ndarray, buckets, batch: int) -> tuple[int, int]:
+    """argmax_N (B + g(N)) / round_ms[N] over the budgets the masses reach (ties: the smaller N) -> (N, bucket)."""
+    reach = min(len(rho), len(round_ms) - 1)
+    committed = batch + np.concatenate([[0.0], np.cumsum(rho[:reach])])  # [reach + 1]
+    best = int(np.argmax(committed / round_ms[:reach + 1]))
+    return best, int(buckets[slot[best]])
 
 
 def width_choice(rho: np.ndarray, budget: int, bucket: int, buckets: tuple[int, ...], bucket_ms: np.ndarray,
@@ -97,7 +105,7 @@ def check_masses(masses_desc) -> np.ndarray:
     rho = np.asarray(masses_desc, dtype=np.float64)
     if rho.ndim != 1:
         raise ValueError(f"masses must be 1-D, got shape {rho.shape}")
-    if np.any(rho < 0) or np.any(rho > 1 + 1e-9) or np.any(np.diff(rho) > 1e-12):
+    if rho.size and (rho.min() < 0 or rho.max() > 1 + 1e-9 or (rho[1:] - rho[:-1] > 1e-12).any()):
         raise ValueError("masses must be probabilities in [0, 1] sorted in descending order "
                          "(use tree.sorted_prefix_masses)")
     return rho

@@ -311,7 +311,7 @@ def test_each_read_cell_is_priced_at_the_cheapest_read_cell_at_least_as_wide(see
                           st.booleans()), min_size=1, max_size=60))
 def test_cached_tables_are_never_stale(readings):
     """The tables rebuild only when a reading moves a cell's estimate (or makes it known): whatever the
-    readings, every cached verify row, draft cost and best rate equals one computed afresh."""
+    readings, every cached verify row, draft cost, best rate and width choice equals one computed afresh."""
     model = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)
     fresh = OnlineCostModel(prior=steep_prior(), prior_draft_ms=DRAFT_MS)  # read alike, its rates never cached
     for batch, per_request, ms, drafted in readings:
@@ -324,6 +324,11 @@ def test_cached_tables_are_never_stale(readings):
             assert model.draft_ms(b) == model._draft(b) * model.speed.factor
             afresh = fresh.choose(MASSES[:20], b, explore=False).predicted_tokens_per_ms
             assert model.best_rate(MASSES[:20], b) == afresh
+            for drafting in {1, b}:  # the budgets' round ms are kept per (batch, drafting) until the table moves
+                chosen = model.choose(SLOW_MASSES[:40 * drafting], b, explore=False, drafting=drafting)
+                assert (chosen.budget, chosen.bucket) == table_rule_width(
+                    SLOW_MASSES[:40 * drafting], BUCKETS, model._table(b), model._draft(drafting),
+                    drafting * model.max_budget, b, drafting)
 
 
 def test_best_rates_kept_between_table_moves_stay_bounded_and_right():
