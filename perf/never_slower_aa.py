@@ -23,7 +23,7 @@ from pathlib import Path
 from perf.datasets import load_dataset
 from perf.harness import MethodSpec
 from perf.never_slower import code_version, cell, synthetic
-from perf.never_slower_bar import paired, verdict
+from perf.never_slower_bar import no_width, paired, verdict
 from perf.report import machine_info
 from perf.throughput import serve_method
 
@@ -63,12 +63,12 @@ def gap_rule(rows: dict) -> str:
 
 def judged(rows: dict) -> dict:
     """The A/A cell's readings under the bar, under the rule it replaced, and the bar's power."""
-    ref = "cast:3" if rows["cast:3"]["vs_ar"] > 1.0 else "ar"  # what the bar holds auto to
+    ref = "ar" if no_width(rows) else "cast:3"  # what the bar holds auto to
     twin = paired(rows["cast:auto"]["runs_tokens_per_s"], rows[ref]["runs_tokens_per_s"])
     out = {"reference": ref, "best_run_ratio": rows["cast:auto"]["vs_ar"] / rows[ref]["vs_ar"], "paired": twin,
            "bar": verdict(rows), "gap_rule": gap_rule(rows) if ref == "cast:3" else "-",
            "cast3_vs_ar": rows["cast:3"]["vs_ar"]}
-    if rows["cast:3"]["vs_ar"] > 1.0:  # AR where auto stands: a method cast:3 beats must read MISS
+    if not no_width(rows):  # AR where auto stands: a method cast:3 beats must read MISS
         out["bar_on_ar"] = verdict({"cast:3": rows["cast:3"], "cast:auto": rows["ar"]})
     return out
 

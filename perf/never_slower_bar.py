@@ -48,7 +48,7 @@ def verdict(rows: dict, floor: float = 0.98) -> str:
     and AR only, 8 repeats, 2-core CPU: best runs 0.96x, paired 0.997). Without AR's runs in `rows` a
     no-width cell is judged on best runs alone."""
     auto, static = rows["cast:auto"], rows["cast:3"]
-    if auto["vs_ar"] >= (floor if static["vs_ar"] <= 1.0 else static["vs_ar"]):
+    if auto["vs_ar"] >= (floor if no_width(rows) else static["vs_ar"]):
         return "meets"
     ratio = paired(auto.get("runs_tokens_per_s", ()), reference(rows).get("runs_tokens_per_s", ()))
     return "within noise" if ratio is not None and ratio[0] >= 1.0 - AA_MARGIN else "MISS"
@@ -57,4 +57,9 @@ def verdict(rows: dict, floor: float = 0.98) -> str:
 def reference(rows: dict) -> dict:
     """The row auto is judged against within noise: AR's where cast:3 does not beat AR, else cast:3's
     ({} where AR's row is not given)."""
-    return rows.get("ar", {}) if rows["cast:3"]["vs_ar"] <= 1.0 else rows["cast:3"]
+    return rows.get("ar", {}) if no_width(rows) else rows["cast:3"]
+
+
+def no_width(rows: dict) -> bool:
+    """Whether no static width pays in this cell: cast:3 reads at most AR's tokens/s on best runs."""
+    return rows["cast:3"]["vs_ar"] <= 1.0
