@@ -132,12 +132,17 @@ def main(argv=None) -> None:
     ap.add_argument("--min-requests", type=int, default=16,
                     help="in process: requests a run serves at least (all at once: in waves of c)")
     ap.add_argument("--parts", default="b1,inprocess", help="b1, inprocess")
+    ap.add_argument("--domains", default=",".join((*DOMAINS, "synthetic")),
+                    help="the B = 1 part's prompt sets (a re-run of named cells at more repeats)")
     ap.add_argument("--page-only", action="store_true", help="re-render OUT.md from OUT.json, run nothing")
     ap.add_argument("--aiperf", metavar="DIR", help="add the through-the-server part: a `perf/aiperf_run.sh DIR` "
                                                    "run (its summary.json and command.txt) to OUT.json and OUT.md")
     args = ap.parse_args(argv)
     if args.min_requests < 1:
         ap.error(f"--min-requests must be >= 1, got {args.min_requests}")
+    domains = args.domains.split(",")
+    if unknown := sorted(set(domains) - {*DOMAINS, "synthetic"}):
+        ap.error(f"--domains: unknown {unknown}; choose from {', '.join((*DOMAINS, 'synthetic'))}")
     out = Path(args.out)
     if args.page_only:
         report = json.loads(out.with_suffix(".json").read_text())
@@ -158,7 +163,8 @@ def main(argv=None) -> None:
         serve_method(engine, m, synthetic(encode, 2, seed=99), 16, 2)
     parts = args.parts.split(",")
     if "b1" in parts:
-        sets = {d: [encode(r.prompt) for r in load_dataset(d, n)] for d in DOMAINS} | {"synthetic": synthetic(encode, n)}
+        sets = {d: synthetic(encode, n) if d == "synthetic" else [encode(r.prompt) for r in load_dataset(d, n)]
+                for d in domains}
         for name, prompts in sets.items():
             rows, _ = cell(engine, prompts, new, 1, args.repeats, None, args.min_seconds, args.max_repeats,
                            floor_repeats=args.floor_repeats)

@@ -246,3 +246,14 @@ def test_the_aiperf_summary_reads_each_runs_drafting_from_the_servers_counter_st
     (tmp_path / "c4-auto-r1" / "server_metrics.txt").unlink()  # a run that did not finish: said, not skipped
     with pytest.raises(SystemExit, match="c4-auto-r1"):
         main(str(tmp_path))
+
+
+def test_an_unknown_domain_is_named_before_anything_runs(capsys):
+    """A re-run of named B = 1 cells (`--domains`) says which name it does not know and what to pick from."""
+    import pytest
+
+    from perf.never_slower import main
+    with pytest.raises(SystemExit):
+        main(["--out", "unused", "--domains", "gsm8k,gsm8", "--parts", "b1"])
+    err = capsys.readouterr().err
+    assert "unknown ['gsm8']" in err and "mt_bench" in err
