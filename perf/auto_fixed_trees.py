@@ -16,7 +16,6 @@ what its width choices (narrower or wider rounds) win or lose. Paired by repeat 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 from perf.datasets import load_dataset
 from perf.never_slower import METHODS, code_version, serve_waves, synthetic
 from perf.never_slower_bar import paired
-from perf.report import machine_info
+from perf.report import machine_info, run_line, write_report
 from perf.throughput import serve_method
 
 STATIC = 3  # nodes a request: cast:3's
@@ -88,16 +87,12 @@ def main(argv=None) -> None:
     report = {"command": "python -m perf.auto_fixed_trees " + " ".join(argv or __import__("sys").argv[1:]),
               "code": code_version(), "machine": machine_info(), "wall_minutes": (time.time() - started) / 60,
               "runs_tokens_per_s": runs, "runs_drafted_share": drafted, "paired": pairs}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    out.with_suffix(".md").write_text(page(report))
+    write_report(Path(args.out), report, page)
 
 
 def page(report: dict) -> str:
     lines = ["# cast:auto against cast:3, and auto with cast:3's trees (issue 40)", "",
-             f"`{report['command']}` at code {report['code']}, {report['wall_minutes']:.1f} min. "
-             f"Machine: {json.dumps(report['machine'])}.", "", __doc__.split("\n\n", 2)[2].strip(), "",
+             run_line(report), "", __doc__.split("\n\n", 2)[2].strip(), "",
              "| ratio | paired geometric mean | one-sided 95% upper bound |", "|---|---|---|"]
     lines += [f"| {k} | {v[0]:.3f} | {v[1]:.3f} |" for k, v in report["paired"].items()]
     lines += ["", "| variant | tokens/s by repeat | drafted share by repeat |", "|---|---|---|"]

@@ -37,7 +37,7 @@ from perf.aiperf_summary import pair_text, share_text
 from perf.datasets import load_dataset
 from perf.harness import MethodSpec
 from perf.never_slower_bar import AA_MARGIN, paired, reference, timed_repeats, verdict
-from perf.report import machine_info
+from perf.report import machine_info, run_line, write_report
 from perf.throughput import serve_method
 
 METHODS = (MethodSpec("ar"), MethodSpec("cast", 3), MethodSpec("cast", None, draft_gate=True))
@@ -148,8 +148,7 @@ def main(argv=None) -> None:
         report = json.loads(out.with_suffix(".json").read_text())
         if args.aiperf:
             report["aiperf"] = aiperf_part(Path(args.aiperf))
-            out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=float))
-        out.with_suffix(".md").write_text(page(report))
+        write_report(out, report, page)
         return
     from runtime.engine.build import build_engine
 
@@ -188,9 +187,7 @@ def main(argv=None) -> None:
     report["wall_minutes"] = (time.time() - started) / 60
     if args.aiperf:
         report["aiperf"] = aiperf_part(Path(args.aiperf))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=float))
-    out.with_suffix(".md").write_text(page(report))
+    write_report(out, report, page)
 
 
 def code_version() -> str:
@@ -216,10 +213,7 @@ def aiperf_part(run: Path) -> dict:
 
 
 def page(report: dict) -> str:
-    m = report["machine"]
-    lines = ["# Never slower than AR (issue 40)", "",
-             f"`{report['command']}` at code {report.get('code', 'unknown')} — {report['wall_minutes']:.1f} min. "
-             f"Machine: {json.dumps(m)}.",
+    lines = ["# Never slower than AR (issue 40)", "", run_line(report),
              f"Engine: {json.dumps(report['engine'])}.", "",
              "Each figure is a method's fastest of its repeats in tokens/s (wall, prefill included), methods "
              "interleaved in one run with the order rotated; `x AR` is over AR in the same cell. drafted = share of "

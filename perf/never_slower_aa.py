@@ -24,7 +24,7 @@ from perf.datasets import load_dataset
 from perf.harness import MethodSpec
 from perf.never_slower import code_version, cell, synthetic
 from perf.never_slower_bar import no_width, paired, verdict
-from perf.report import machine_info
+from perf.report import machine_info, run_line, write_report
 from perf.throughput import serve_method
 
 TWINS = {"cast:3": MethodSpec("cast", 3), "ar": MethodSpec("ar")}
@@ -91,8 +91,7 @@ def main(argv=None) -> None:
     if args.page_only:
         report = json.loads(out.with_suffix(".json").read_text())
         report["cells"] = [e | judged(rows_of(e["runs"])) for e in report["cells"]]
-        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-        out.with_suffix(".md").write_text(page(report))
+        write_report(out, report, page)
         return
     from runtime.engine.build import build_engine
 
@@ -110,15 +109,12 @@ def main(argv=None) -> None:
         print(f"{name}: twin / reference best {entry['best_run_ratio']:.3f}, bar {entry['bar']}, "
               f"gap rule {entry['gap_rule']}, AR in auto's place {entry.get('bar_on_ar', '-')}", flush=True)
     report["wall_minutes"] = (time.time() - started) / 60
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    out.with_suffix(".md").write_text(page(report))
+    write_report(out, report, page)
 
 
 def page(report: dict) -> str:
     lines = ["# A/A: the never-slower bar on its reference against itself", "",
-             f"`{report['command']}` at code {report['code']} — {report['wall_minutes']:.1f} min. "
-             f"Machine: {json.dumps(report['machine'])}.", "",
+             run_line(report), "",
              "The bar's reference (cast:3 where it beats AR, else AR; `=ar` after a cell's name) runs twice per "
              "cell, the second time in cast:auto's place (`perf/never_slower_aa.py`). bar: the report's "
              "(`perf.never_slower_bar.verdict`; where no width pays, the twin of AR against 0.98x AR); gap rule: the "

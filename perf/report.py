@@ -10,12 +10,13 @@ R is the committed round length (accepted + 1) of every verify round.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -61,6 +62,19 @@ def machine_info() -> dict[str, Any]:
             "python": platform.python_version(), "torch": torch.__version__,
             "onnxruntime": package_version("onnxruntime"), "torch_threads": torch.get_num_threads(),
             "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def run_line(report: dict[str, Any]) -> str:
+    """A results page's first line: the command, the code it ran at, how long it took, the machine."""
+    return (f"`{report['command']}` at code {report.get('code', 'unknown')} — {report['wall_minutes']:.1f} min. "
+            f"Machine: {json.dumps(report['machine'])}.")
+
+
+def write_report(out: Path, report: dict[str, Any], page: Callable[[dict[str, Any]], str]) -> None:
+    """OUT.json (the runs, every repeat) and OUT.md (`page` of it), the folder made as needed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=float))
+    out.with_suffix(".md").write_text(page(report))
 
 
 def dataset_info(name: str, runs: Sequence[RequestRun], output_tokens: Sequence[int]) -> dict[str, Any]:
