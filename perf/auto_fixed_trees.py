@@ -16,8 +16,9 @@ what its width choices (narrower or wider rounds) win or lose. Paired by repeat 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,7 @@ def main(argv=None) -> None:
     drafted: dict[str, list[float]] = {name: [] for name, *_ in variants}
     for r in range(args.repeats):
         for name, m, fixed in variants[r % 3:] + variants[:r % 3]:
-            with packed_as_static(c if fixed else 10 ** 9):
+            with packed_as_static(c) if fixed else nullcontext():
                 wall, seqs = serve_waves(engine, m, pool, args.max_new_tokens, c, args.waves)
             runs[name].append(sum(len(s.tokens) for s in seqs) / wall)
             drafted[name].append(float(np.mean([d for s in seqs for d in s.drafted])))
@@ -84,7 +85,7 @@ def main(argv=None) -> None:
     pairs = {"cast:auto / cast:3": paired(runs["cast:auto"], runs["cast:3"]),
              "auto+3 / cast:3": paired(runs["auto+3"], runs["cast:3"]),
              "cast:auto / auto+3": paired(runs["cast:auto"], runs["auto+3"])}
-    report = {"command": "python -m perf.auto_fixed_trees " + " ".join(argv or __import__("sys").argv[1:]),
+    report = {"command": "python -m perf.auto_fixed_trees " + " ".join(argv or sys.argv[1:]),
               "code": code_version(), "machine": machine_info(), "wall_minutes": (time.time() - started) / 60,
               "runs_tokens_per_s": runs, "runs_drafted_share": drafted, "paired": pairs}
     write_report(Path(args.out), report, page)

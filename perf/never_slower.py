@@ -1,6 +1,7 @@
 """Never slower than AR (issue 40): AR, cast:3 and cast:auto side by side in ONE run.
 
     python -m perf.never_slower --out perf/results/never_slower [--num-prompts 2 --max-new-tokens 32]
+    python -m perf.never_slower --out OUT --parts b1 --domains gsm8k --repeats 16   (named cells, more repeats)
 
 Cells, every one with the three methods interleaved (order rotated per repeat, `--repeats`):
 - B = 1 on the five domains and on synthetic prompts (random common words): each prompt
